@@ -1,0 +1,1 @@
+"""What server and client share: the wire format, endpoint names, supervision math and transport."""

@@ -1,0 +1,1 @@
+"""The aiohttp target server: runners, supervision endpoints, metrics and CLI."""

@@ -1,0 +1,342 @@
+"""The aiohttp target server: NeMo's eight endpoints plus liveness, readiness and metrics.
+
+Flow of /generate: read and validate the body, take the compute lock, run the
+forward and the supervision projection on the model thread, release the lock,
+then stream the wire blob straight from tensor storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from eagle3_target.protocol import spec
+from eagle3_target.protocol.supervision import build_supervision
+from eagle3_target.protocol.wire import EncodedBlob
+
+from .metrics import ServerMetrics
+from .requests import RequestError, parse_generate, parse_vocab_mapping
+from .runners import TargetRunner
+from .sessions import Session, SessionTable
+
+log = logging.getLogger(__name__)
+
+# B=8, S=32768 is 6 MiB of /generate request; leave room for a 1M-token vocab mapping too.
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+WARMUP_TOKENS = 8
+OPEN_PATHS = {"/" + spec.LIVEZ, "/" + spec.READYZ, "/" + spec.HEALTH, "/" + spec.METRICS}
+
+
+@dataclass
+class ServerOptions:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    session_ttl: float = 3600.0
+    exit_on_disconnect: bool = False
+    auth_token: Optional[str] = None
+    nccl_port: Optional[int] = None
+
+
+class TargetServer:
+    """One target model behind HTTP. Build with a loader; the model loads after the listener is up."""
+
+    def __init__(self, loader: Callable[[], TargetRunner], options: ServerOptions | None = None):
+        self.loader = loader
+        self.options = options or ServerOptions()
+        self.metrics = ServerMetrics()
+        self.sessions = SessionTable(self.options.session_ttl)
+        self.runner: Optional[TargetRunner] = None
+        self.load_error: Optional[BaseException] = None
+        self.stopped = asyncio.Event()  # set by --exit-on-disconnect or a failed load
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
+        self._compute_lock = asyncio.Lock()
+        self._embeddings: Optional[EncodedBlob] = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.options.max_body_bytes,
+            middlewares=[self._observe, self._json_errors, self._authenticate],
+        )
+        app.add_routes(
+            [
+                web.get("/" + spec.HEALTH, self.health, name=spec.HEALTH),
+                web.get("/" + spec.READYZ, self.health, name=spec.READYZ),
+                web.get("/" + spec.LIVEZ, self.livez, name=spec.LIVEZ),
+                web.get("/" + spec.METRICS, self.prometheus, name=spec.METRICS),
+                web.post("/" + spec.HEARTBEAT, self.heartbeat, name=spec.HEARTBEAT),
+                web.post("/" + spec.MODEL_INFO, self.model_info, name=spec.MODEL_INFO),
+                web.post("/" + spec.INPUT_EMBEDDINGS, self.input_embeddings, name=spec.INPUT_EMBEDDINGS),
+                web.post("/" + spec.SET_VOCAB_MAPPING, self.set_vocab_mapping, name=spec.SET_VOCAB_MAPPING),
+                web.post("/" + spec.INIT_NCCL, self.init_nccl, name=spec.INIT_NCCL),
+                web.post("/" + spec.GENERATE, self.generate, name=spec.GENERATE),
+                web.post("/" + spec.DISCONNECT, self.disconnect, name=spec.DISCONNECT),
+            ]
+        )
+        app.cleanup_ctx.append(self._background)
+        return app
+
+    async def _background(self, _app: web.Application):
+        tasks = [asyncio.create_task(self._load()), asyncio.create_task(self._expire_sessions())]
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.sessions.end_all()
+        self.metrics.sessions.set(0)
+        if self.runner is not None:
+            await self._on_model_thread(self.runner.close)
+        self._model_thread.shutdown(wait=False)
+
+    async def _on_model_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+
+    async def _load(self) -> None:
+        start = time.perf_counter()
+        try:
+            runner = await self._on_model_thread(self.loader)
+            await self._on_model_thread(_warm_up, runner)
+        except Exception as exc:
+            log.exception("loading the target model failed")
+            self.load_error = exc
+            self.stopped.set()
+            return
+        self.runner = runner
+        elapsed = time.perf_counter() - start
+        info = runner.info
+        self.metrics.model_load_seconds.set(elapsed)
+        self.metrics.model.info({k: str(v) for k, v in info.model_info().items() if k != "aux_layer_ids"})
+        self.metrics.ready.set(1)
+        log.info(
+            "ready: %s (%s, %d layers, hidden %d, vocab %d, aux layers %s, %s on %s) loaded and warmed in %.1fs",
+            info.model, info.engine, info.num_hidden_layers, info.hidden_size, info.vocab_size,
+            info.aux_layer_ids, info.dtype, info.device, elapsed,
+        )  # fmt: skip
+
+    async def _expire_sessions(self) -> None:
+        period = max(1.0, min(60.0, self.options.session_ttl / 4)) if self.options.session_ttl > 0 else 60.0
+        while True:
+            await asyncio.sleep(period)
+            for sid in self.sessions.expire():
+                log.info("session %s expired after %.0fs idle", sid, self.options.session_ttl)
+            self.metrics.sessions.set(len(self.sessions))
+
+    # -- middlewares -----------------------------------------------------------------------
+
+    @web.middleware
+    async def _observe(self, request: web.Request, handler):
+        route = request.match_info.route.name or "unmatched"
+        start = time.perf_counter()
+        code = 500
+        self.metrics.in_flight.inc()
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        except web.HTTPException as exc:
+            code = exc.status
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(route, str(code)).inc()
+            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+    @web.middleware
+    async def _json_errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return _error(exc.status, exc.error, exc.detail)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            detail = {
+                404: f"no endpoint {request.path}",
+                405: f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}",
+            }.get(exc.status, exc.text or exc.reason)
+            return _error(exc.status, exc.reason.lower().replace(" ", "_"), detail, exc.headers)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, "internal_error", f"{type(exc).__name__}: {exc}")
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler):
+        token = self.options.auth_token
+        if token and request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                raise RequestError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>'")
+        return await handler(request)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _ready_runner(self) -> TargetRunner:
+        if self.runner is None:
+            raise RequestError(503, "not_ready", "the target model is still loading")
+        return self.runner
+
+    def _session(self, request: web.Request) -> Session:
+        session = self.sessions.touch(request.headers.get(spec.SESSION_HEADER) or f"peer:{request.remote}")
+        self.metrics.sessions.set(len(self.sessions))
+        return session
+
+    async def _stream_blob(self, request: web.Request, blob: EncodedBlob, headers=None) -> web.StreamResponse:
+        """Write a wire blob piece by piece from tensor storage: no joined copy of the body."""
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", **(headers or {})})
+        response.content_length = blob.nbytes
+        await response.prepare(request)
+        for chunk in blob.chunks():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    async def livez(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive", "ready": self.runner is not None})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.runner is None:
+            return web.json_response({"status": "loading"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        self._session(request)
+        self.metrics.heartbeat_timestamp.set(time.time())
+        return web.json_response({"status": "ok"})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        runner = self._ready_runner()
+        self._session(request)
+        info = runner.info.model_info()
+        if self.options.nccl_port is not None:
+            info["nccl_port"] = self.options.nccl_port
+        return web.json_response(info)
+
+    async def input_embeddings(self, request: web.Request) -> web.StreamResponse:
+        runner = self._ready_runner()
+        self._session(request)
+        if self._embeddings is None:
+            weight = await self._on_model_thread(lambda: runner.input_embeddings().detach().cpu())
+            self._embeddings = EncodedBlob({"weight": weight})
+        return await self._stream_blob(request, self._embeddings)
+
+    async def set_vocab_mapping(self, request: web.Request) -> web.Response:
+        runner = self._ready_runner()
+        session = self._session(request)
+        body = bytearray(await request.read())
+        vocab = parse_vocab_mapping(body, runner.info.vocab_size, runner.info.device)
+        async with self._compute_lock:  # a forward never sees half a mapping
+            session.vocab = vocab
+        return web.json_response({"status": "ok"})
+
+    async def init_nccl(self, request: web.Request) -> web.Response:
+        self._session(request)
+        return web.json_response({"status": "disabled"})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        runner = self._ready_runner()
+        session = self._session(request)
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        body = bytearray(await request.read())
+        inputs = parse_generate(body, runner.info.vocab_size)
+        if session.vocab is None:
+            raise RequestError(409, "no_vocab_mapping", "call /set_vocab_mapping before /generate")
+        timings["decode"] = time.perf_counter() - start
+        async with self._compute_lock:
+            supervision = await self._on_model_thread(_compute, runner, inputs, session.vocab, timings)
+        start = time.perf_counter()
+        blob = EncodedBlob(supervision)
+        timings["encode"] = time.perf_counter() - start
+
+        server_timing = ", ".join(f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in timings.items())
+        start = time.perf_counter()
+        response = await self._stream_blob(request, blob, {"Server-Timing": server_timing})
+        timings["send"] = time.perf_counter() - start
+
+        for phase, seconds in timings.items():
+            self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
+        self.metrics.tokens.inc(inputs["input_ids"].numel())
+        self.metrics.sent_bytes.labels("wire").inc(blob.nbytes)
+        return response
+
+    async def disconnect(self, request: web.Request) -> web.Response:
+        sid = request.headers.get(spec.SESSION_HEADER) or f"peer:{request.remote}"
+        if self.sessions.end(sid):
+            log.info("session %s disconnected", sid)
+        self.metrics.sessions.set(len(self.sessions))
+        if self.options.exit_on_disconnect:
+            log.info("--exit-on-disconnect: stopping after this response")
+            asyncio.get_running_loop().call_soon(self.stopped.set)
+        return web.json_response({"status": "ok"})
+
+
+def _error(status: int, error: str, detail: str, headers=None) -> web.Response:
+    keep = {k: v for k, v in (headers or {}).items() if k.lower() == "allow"}
+    return web.json_response({"error": error, "detail": detail}, status=status, headers=keep)
+
+
+def _warm_up(runner: TargetRunner) -> None:
+    """One tiny forward and projection, so the first real request pays no lazy initialisation."""
+    from eagle3_target.protocol.supervision import VocabMapping
+
+    device = runner.info.device
+    ids = torch.zeros(1, WARMUP_TOKENS, dtype=torch.long, device=device)
+    logits, aux = runner.forward(ids, torch.ones_like(ids))
+    build_supervision(logits, aux, ids, ids, VocabMapping.identity(logits.shape[-1], device))
+
+
+def _compute(runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timings: dict[str, float]):
+    """On the model thread: forward, projection, and the move to host memory for encoding."""
+    device = runner.info.device
+    start = time.perf_counter()
+    input_ids = inputs["input_ids"].to(device)
+    logits, aux = runner.forward(input_ids, inputs["attention_mask"].to(device))
+    timings["forward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    supervision = build_supervision(logits, aux, input_ids, inputs["loss_mask"].to(device), vocab)
+    del logits
+    supervision = {k: v.cpu() for k, v in supervision.items()}
+    timings["projection"] = time.perf_counter() - start
+    return supervision
+
+
+def run_server(server: TargetServer, host: str, port: int) -> int:
+    """Serve until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load; return the exit code."""
+
+    async def main() -> int:
+        runner = web.AppRunner(server.app(), handle_signals=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        log.info("listening on http://%s:%d (model loading in the background)", host, port)
+        try:
+            await server.stopped.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        return 1 if server.load_error else 0
+
+    try:
+        return asyncio.run(main())
+    except (KeyboardInterrupt, web.GracefulExit):
+        return 0

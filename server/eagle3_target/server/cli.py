@@ -1,0 +1,65 @@
+"""`eagle3-target serve`: load a target and serve it over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from pathlib import Path
+
+from .app import DEFAULT_MAX_BODY_BYTES, ServerOptions, TargetServer, run_server
+
+log = logging.getLogger(__name__)
+
+
+def _aux_ids(text: str) -> list[int]:
+    ids = [int(x) for x in text.replace(",", " ").split()]
+    if len(ids) != 3:
+        raise argparse.ArgumentTypeError(f"need three layer ids, got {text!r}")
+    return ids
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="local directory or hub id; default: the embedded tiny Llama (no download)")
+    p.add_argument("--engine", choices=["hf", "sglang", "synthetic"], default="hf")
+    p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
+    p.add_argument("--nccl-port", type=int, help="rendezvous port used when a client names none (default --port+100)")
+    p.add_argument("--aux-layer-ids", type=_aux_ids, help="three layer ids, e.g. '1,15,28' (default [1, L//2-1, L-4])")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on CUDA, float32 on CPU")  # fmt: skip
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--auth-token-file", type=Path, help="require 'Authorization: Bearer <token>' from this file")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger requests get 413")
+    p.add_argument("--session-ttl", type=float, default=3600.0,
+                   help="end client sessions idle this many seconds (0: never; default 3600)")  # fmt: skip
+    p.add_argument("--exit-on-disconnect", action="store_true", help="NeMo's behaviour: exit after any /disconnect")
+    p.add_argument("--forward-delay", type=float, default=0.0, help="synthetic engine: seconds per forward")
+
+
+def build_loader(args: argparse.Namespace):
+    from .runners import load_runner
+
+    options = dict(dtype=args.dtype, device=args.device, aux_layer_ids=args.aux_layer_ids)
+    if args.engine == "hf":
+        options.update(model=args.model, trust_remote_code=args.trust_remote_code)
+    elif args.engine == "sglang":
+        options.update(model=args.model)
+    else:
+        options.update(model=args.model, forward_delay=args.forward_delay)
+    return functools.partial(load_runner, args.engine, **options)
+
+
+def run(args: argparse.Namespace) -> int:
+    token = args.auth_token_file.read_text().strip() if args.auth_token_file else None
+    options = ServerOptions(
+        max_body_bytes=args.max_body_bytes,
+        session_ttl=args.session_ttl,
+        exit_on_disconnect=args.exit_on_disconnect,
+        auth_token=token,
+        nccl_port=args.nccl_port if args.nccl_port is not None else args.port + 100,
+    )
+    log.info("engine %s, model %s, device %s, dtype %s", args.engine, args.model or "embedded-tiny-llama",
+             args.device, args.dtype)  # fmt: skip
+    return run_server(TargetServer(build_loader(args), options), args.host, args.port)

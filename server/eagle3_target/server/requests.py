@@ -1,0 +1,73 @@
+"""Turning untrusted request bodies into validated tensors; every failure is a RequestError (4xx)."""
+
+from __future__ import annotations
+
+import torch
+
+from eagle3_target.protocol import wire
+from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS, VOCAB_KEYS
+from eagle3_target.protocol.supervision import VocabMapping
+
+
+class RequestError(Exception):
+    """A client mistake: becomes an HTTP 4xx with a JSON body {"error", "detail"}."""
+
+    def __init__(self, status: int, error: str, detail: str):
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+
+
+def _decode(body: bytearray, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    try:
+        tensors = wire.decode(body)
+    except wire.WireError as exc:
+        raise RequestError(400, "bad_wire_blob", str(exc)) from None
+    missing = [k for k in keys if tensors.get(k) is None]
+    if missing:
+        raise RequestError(400, "missing_keys", f"missing tensors {missing}; expected {list(keys)}")
+    return {k: tensors[k] for k in keys}
+
+
+def _expect_dtype(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    if tensor.dtype != dtype:
+        raise RequestError(400, "wrong_dtype", f"{name} must be {dtype}, got {tensor.dtype}")
+
+
+def parse_generate(body: bytearray, vocab_size: int) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask, loss_mask: int64 [B, S], same shape, ids in [0, vocab)."""
+    tensors = _decode(body, GENERATE_INPUT_KEYS)
+    for name, tensor in tensors.items():
+        _expect_dtype(name, tensor, torch.int64)
+    shape = tensors["input_ids"].shape
+    if len(shape) != 2 or 0 in shape:
+        raise RequestError(400, "bad_shape", f"input_ids must be a non-empty [B, S] matrix, got {list(shape)}")
+    for name in ("attention_mask", "loss_mask"):
+        if tensors[name].shape != shape:
+            raise RequestError(
+                400, "shape_mismatch", f"{name} has shape {list(tensors[name].shape)}, input_ids has {list(shape)}"
+            )
+    ids = tensors["input_ids"]
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise RequestError(422, "token_out_of_range", f"input_ids span [{low}, {high}], vocab is [0, {vocab_size})")
+    return tensors
+
+
+def parse_vocab_mapping(body: bytearray, vocab_size: int, device: str) -> VocabMapping:
+    """selected_token_ids int64 [Vd] in [0, V) and selected_token_mask bool [V]."""
+    tensors = _decode(body, VOCAB_KEYS)
+    ids, mask = tensors["selected_token_ids"], tensors["selected_token_mask"]
+    _expect_dtype("selected_token_ids", ids, torch.int64)
+    _expect_dtype("selected_token_mask", mask, torch.bool)
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise RequestError(400, "bad_shape", f"selected_token_ids must be a non-empty vector, got {list(ids.shape)}")
+    if mask.dim() != 1 or mask.numel() != vocab_size:
+        raise RequestError(
+            422, "bad_mask_length", f"selected_token_mask must have shape [{vocab_size}], got {list(mask.shape)}"
+        )
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise RequestError(
+            422, "token_out_of_range", f"selected_token_ids span [{low}, {high}], vocab is [0, {vocab_size})"
+        )
+    return VocabMapping(ids.to(device), mask.to(device))

@@ -1,0 +1,84 @@
+"""The runner seam: what the server needs from any engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from eagle3_target.protocol.spec import default_aux_layer_ids, validate_aux_layer_ids
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """'auto' is NeMo's choice: bf16 on CUDA, fp32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """The target's identity: everything a client must agree on before training against it."""
+
+    model: str
+    engine: str
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    aux_layer_ids: list[int]
+    dtype: torch.dtype
+    device: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> "RunnerInfo":
+        ids = default_aux_layer_ids(num_hidden_layers) if aux_layer_ids is None else aux_layer_ids
+        return cls(
+            num_hidden_layers=num_hidden_layers,
+            aux_layer_ids=validate_aux_layer_ids(ids, num_hidden_layers),
+            **fields,
+        )
+
+    @property
+    def config_digest(self) -> str:
+        blob = json.dumps(self.config, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def model_info(self) -> dict[str, Any]:
+        """NeMo's four model_info keys first, then our extensions (a NeMo client ignores them)."""
+        return {
+            "num_hidden_layers": self.num_hidden_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "aux_layer_ids": list(self.aux_layer_ids),
+            "model": self.model,
+            "engine": self.engine,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "config_digest": self.config_digest,
+        }
+
+
+class TargetRunner(Protocol):
+    """One frozen target. Calls are serialised by the server; forward runs off the event loop."""
+
+    info: RunnerInfo
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device."""
+        ...
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The input-embedding weight [V, H], whole."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and its device memory."""
+        ...

@@ -1,0 +1,101 @@
+"""HF transformers runner: one AutoModelForCausalLM forward, aux states captured by forward hooks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from .base import RunnerInfo, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+# Where decoder layers live, by architecture family (Llama, Qwen, Mistral: model.layers).
+_LAYER_PATHS = ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers")
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    for path in _LAYER_PATHS:
+        module: Any = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, nn.ModuleList):
+            return module
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (looked at {', '.join(_LAYER_PATHS)})")
+
+
+class HFRunner:
+    def __init__(self, model: nn.Module, *, name: str, aux_layer_ids: list[int] | None = None):
+        self.model = model.eval().requires_grad_(False)
+        config = model.config
+        layers = decoder_layers(model)
+        param = next(model.parameters())
+        self.info = RunnerInfo.build(
+            model=name,
+            engine="hf",
+            num_hidden_layers=len(layers),
+            hidden_size=int(getattr(config, "hidden_size", 0) or 0),
+            vocab_size=int(getattr(config, "vocab_size", 0) or 0),
+            aux_layer_ids=aux_layer_ids,
+            dtype=param.dtype,
+            device=str(param.device),
+            config={k: v for k, v in config.to_diff_dict().items() if k not in ("_name_or_path", "torch_dtype", "dtype")},
+        )
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks = [layers[i].register_forward_hook(self._capture(i)) for i in self.info.aux_layer_ids]
+
+    def _capture(self, layer_id: int):
+        def hook(_module, _args, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "cpu",
+        aux_layer_ids: list[int] | None = None,
+        trust_remote_code: bool = False,
+    ) -> "HFRunner":
+        """Load from a local directory or hub id; with no model, build the embedded tiny Llama."""
+        torch_dtype = resolve_dtype(dtype, device)
+        if model is None:
+            from .tiny import build_tiny_llama
+
+            module, name = build_tiny_llama().to(torch_dtype), "embedded-tiny-llama"
+        else:
+            from transformers import AutoModelForCausalLM
+
+            module = AutoModelForCausalLM.from_pretrained(
+                model, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            )
+            name = model
+        log.info("loaded %s (%s) on %s", name, torch_dtype, device)
+        return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._captured.clear()
+        try:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            aux = torch.cat([self._captured[i] for i in self.info.aux_layer_ids], dim=-1)
+        finally:
+            self._captured.clear()
+        return logits, aux
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight.detach()
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

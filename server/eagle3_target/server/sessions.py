@@ -1,0 +1,68 @@
+"""Client sessions of a long-lived target server.
+
+A session is named by the X-Eagle3-Session header, or by the peer address for
+a stock NeMo client that sends none. It holds that client's vocab mapping and
+ends on /disconnect or after ``ttl`` seconds without a request or heartbeat.
+Whoever owns per-session resources (the data plane) subscribes to endings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from eagle3_target.protocol.supervision import VocabMapping
+
+
+@dataclass
+class Session:
+    id: str
+    last_seen: float
+    vocab: Optional[VocabMapping] = None
+    resources: dict[str, Any] = field(default_factory=dict)  # per-session state owned by other modules
+
+
+class SessionTable:
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic):
+        self.ttl = ttl
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._on_end: list[Callable[[Session], None]] = []
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def on_end(self, callback: Callable[[Session], None]) -> None:
+        self._on_end.append(callback)
+
+    def touch(self, session_id: str) -> Session:
+        now = self._clock()
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = Session(session_id, now)
+        session.last_seen = now
+        return session
+
+    def end(self, session_id: str) -> bool:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        for callback in self._on_end:
+            callback(session)
+        return True
+
+    def expire(self) -> list[str]:
+        """End every session idle for longer than ttl (ttl <= 0 keeps them forever)."""
+        if self.ttl <= 0:
+            return []
+        deadline = self._clock() - self.ttl
+        stale = [sid for sid, s in self._sessions.items() if s.last_seen < deadline]
+        for sid in stale:
+            self.end(sid)
+        return stale
+
+    def end_all(self) -> None:
+        for sid in list(self._sessions):
+            self.end(sid)
