@@ -11,6 +11,7 @@ import sys
 # command -> module exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "serve": ("eagle3_target.server.cli", "run a target server"),
+    "operator": ("eagle3_target.operator.cli", "run the Eagle3Target operator"),
 }
 
 

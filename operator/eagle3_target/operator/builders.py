@@ -1,0 +1,273 @@
+"""Pure functions from an Eagle3Target to the dicts of its children: target pods, the two headless Services
+and the client ConfigMap. Owner references are added by the handlers."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+from . import GROUP
+from .spec import TargetSpec
+
+MANAGER = "eagle3-target-operator"
+TARGET_LABEL = f"{GROUP}/target"
+ORDINAL_LABEL = f"{GROUP}/ordinal"
+HASH_ANNOTATION = f"{GROUP}/spec-hash"
+TOKEN_DIR = "/var/run/eagle3-target"
+CACHE_DIR = "/var/cache/eagle3-target"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def labels(name: str, component: str = "target") -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "eagle3-target",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "eagle3-target",
+        "app.kubernetes.io/managed-by": MANAGER,
+        TARGET_LABEL: name,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    """What picks a target's pods (and nothing the operator did not create for it)."""
+    return {TARGET_LABEL: name, "app.kubernetes.io/component": "target"}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(name).items())
+
+
+def pod_name(name: str, ordinal: int) -> str:
+    return f"{name}-{ordinal}"
+
+
+def peers_service_name(name: str) -> str:
+    return f"{name}-peers"
+
+
+def client_configmap_name(name: str) -> str:
+    return f"{name}-client"
+
+
+def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
+    ports = spec.ports_for(ordinal)
+    args = [
+        "--model", spec.model,
+        "--engine", spec.engine,
+        "--dtype", spec.dtype,
+        "--device", "cuda" if spec.gpus_per_replica > 0 else "cpu",
+        "--host", "$(POD_IP)",
+        "--port", str(ports.http),
+        "--nccl-port-range", ports.nccl_range,
+    ]  # fmt: skip
+    if spec.aux_layer_ids is not None:
+        args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
+    if spec.auth_secret_name:
+        args += ["--auth-token-file", f"{TOKEN_DIR}/token"]
+    return args + list(spec.args)
+
+
+def _container_ports(spec: TargetSpec, ordinal: int) -> list[dict]:
+    """Every port is declared: with hostNetwork the scheduler then keeps two pods off the same host ports, and
+    the named ports let the Services' SRV records carry each pod's own port."""
+    ports = spec.ports_for(ordinal)
+    named = [("http", ports.http)]
+    named += [("nccl" if i == 0 else f"nccl-{i}", port) for i, port in enumerate(ports.nccl_ports)]
+    result = []
+    for port_name, port in named:
+        entry = {"name": port_name, "containerPort": port, "protocol": "TCP"}
+        if spec.host_network:
+            entry["hostPort"] = port
+        result.append(entry)
+    return result
+
+
+def _resources(spec: TargetSpec) -> dict:
+    resources = copy.deepcopy(spec.resources)
+    if spec.gpus_per_replica > 0:
+        resources.setdefault("limits", {})[GPU_RESOURCE] = spec.gpus_per_replica
+    return resources
+
+
+def _probe(path: str, timing) -> dict:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": timing.period_seconds,
+        "failureThreshold": timing.failure_threshold,
+        "timeoutSeconds": timing.timeout_seconds,
+    }
+
+
+def _env(spec: TargetSpec, ordinal: int) -> list[dict]:
+    ports = spec.ports_for(ordinal)
+    env = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "EAGLE3_TARGET_HTTP_PORT", "value": str(ports.http)},
+        {"name": "EAGLE3_TARGET_NCCL_PORT_RANGE", "value": ports.nccl_range},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    return env + [copy.deepcopy(e) for e in spec.env]  # later entries win, so user env can override
+
+
+def _volumes(spec: TargetSpec) -> tuple[list[dict], list[dict]]:
+    """Scratch space for a read-only root filesystem, shared memory for NCCL, and the optional model and token."""
+    volumes = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if spec.model_volume:
+        mv = spec.model_volume
+        if mv.get("persistentVolumeClaim"):
+            source = {"persistentVolumeClaim": {**mv["persistentVolumeClaim"], "readOnly": mv.get("readOnly", True)}}
+        else:
+            source = copy.deepcopy(mv["volumeSource"])
+        volumes.append({"name": "model", **source})
+        mount = {"name": "model", "mountPath": mv.get("mountPath", "/models"), "readOnly": mv.get("readOnly", True)}
+        if mv.get("subPath"):
+            mount["subPath"] = mv["subPath"]
+        mounts.append(mount)
+    if spec.auth_secret_name:
+        items = [{"key": spec.auth_secret_key, "path": "token"}]
+        volumes.append({"name": "auth-token", "secret": {"secretName": spec.auth_secret_name, "items": items}})
+        mounts.append({"name": "auth-token", "mountPath": TOKEN_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def pod_spec(spec: TargetSpec, name: str, ordinal: int, default_image: str) -> dict:
+    """The pod spec of one replica; it depends on the ordinal (ports) but never on the replica count, so
+    scaling does not roll existing pods."""
+    volumes, mounts = _volumes(spec)
+    container = {
+        "name": "server",
+        "image": spec.image or default_image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["eagle3-target", "serve"],
+        "args": server_args(spec, ordinal),
+        "env": _env(spec, ordinal),
+        "ports": _container_ports(spec, ordinal),
+        "resources": _resources(spec),
+        "startupProbe": _probe("/health", spec.startup_probe),
+        "readinessProbe": _probe("/health", spec.readiness_probe),
+        "livenessProbe": _probe("/livez", spec.liveness_probe),
+        "volumeMounts": mounts,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    result = {
+        "hostname": pod_name(name, ordinal),
+        "subdomain": peers_service_name(name),
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.host_network:
+        result["hostNetwork"] = True
+        result["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if spec.service_account_name:
+        result["serviceAccountName"] = spec.service_account_name
+    if spec.node_selector:
+        result["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        result["tolerations"] = [copy.deepcopy(t) for t in spec.tolerations]
+    if spec.affinity:
+        result["affinity"] = copy.deepcopy(spec.affinity)
+    if spec.image_pull_secrets:
+        result["imagePullSecrets"] = [dict(s) for s in spec.image_pull_secrets]
+    return result
+
+
+def spec_hash(pod_spec_dict: dict) -> str:
+    """Short digest of a pod spec: a pod whose annotation differs from the desired one is outdated."""
+    return hashlib.sha256(json.dumps(pod_spec_dict, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, default_image: str) -> dict:
+    body = pod_spec(spec, name, ordinal, default_image)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, ordinal),
+            "namespace": namespace,
+            "labels": {**labels(name), ORDINAL_LABEL: str(ordinal)},
+            "annotations": {HASH_ANNOTATION: spec_hash(body)},
+        },
+        "spec": body,
+    }
+
+
+def _service(service_name: str, name: str, namespace: str, spec: TargetSpec, publish_not_ready: bool) -> dict:
+    # targetPort by name: each endpoint (and SRV record) carries its own pod's port, which differs per replica
+    # with hostNetwork; `port` is the shared one for the A-record form.
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(name),
+            "publishNotReadyAddresses": publish_not_ready,
+            "ports": [
+                {"name": "http", "port": spec.http_port, "targetPort": "http", "protocol": "TCP"},
+                {"name": "nccl", "port": spec.nccl_start, "targetPort": "nccl", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def service(spec: TargetSpec, name: str, namespace: str) -> dict:
+    """Ready targets only: what trainers resolve."""
+    return _service(name, name, namespace, spec, publish_not_ready=False)
+
+
+def peers_service(spec: TargetSpec, name: str, namespace: str) -> dict:
+    """All targets, ready or not: per-pod DNS names and rendezvous before readiness."""
+    return _service(peers_service_name(name), name, namespace, spec, publish_not_ready=True)
+
+
+def client_env(spec: TargetSpec, name: str, namespace: str) -> dict[str, str]:
+    fqdn = f"{name}.{namespace}.svc.cluster.local"
+    return {
+        "EAGLE3_TARGET_SERVICE": f"srv://_http._tcp.{fqdn}",
+        "EAGLE3_TARGET_SERVICE_DNS": f"dns://{fqdn}:{spec.http_port}",
+    }
+
+
+def client_configmap(spec: TargetSpec, name: str, namespace: str) -> dict:
+    """What a trainer pod pulls in with envFrom to find the targets."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": client_configmap_name(name), "namespace": namespace, "labels": labels(name, "client")},
+        "data": client_env(spec, name, namespace),
+    }
+
+
+def children(spec: TargetSpec, name: str, namespace: str) -> list[dict]:
+    """The children that exist once per target (pods are per ordinal)."""
+    return [service(spec, name, namespace), peers_service(spec, name, namespace), client_configmap(spec, name, namespace)]

@@ -1,0 +1,70 @@
+"""The few writes the operator makes to its children, through kr8s (async, plain dicts): create-or-patch for
+Services and ConfigMaps, create and delete for pods; conflicts and vanished objects are not errors here."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kr8s
+import kr8s.asyncio
+from kr8s.asyncio.objects import ConfigMap, Pod, Service
+
+KINDS = {"Pod": Pod, "Service": Service, "ConfigMap": ConfigMap}
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """True if every field we set has our value; fields the API server filled in are ignored."""
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(k in actual and is_subset(v, actual[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
+        )
+    return desired == actual
+
+
+def _status_code(error: kr8s.ServerError) -> int | None:
+    return error.response.status_code if error.response is not None else None
+
+
+class Children:
+    def __init__(self, api: kr8s.asyncio.Api, log: logging.Logger) -> None:
+        self.api = api
+        self.log = log
+
+    def _object(self, body: dict):
+        return KINDS[body["kind"]](body, api=self.api)
+
+    async def ensure(self, body: dict) -> str:
+        """Create the object, or patch it back to `body` where it drifted; returns what was done."""
+        current = self._object({"kind": body["kind"], "metadata": dict(body["metadata"])})
+        try:
+            await current.refresh()
+        except kr8s.NotFoundError:
+            try:
+                await self._object(body).create()
+            except kr8s.ServerError as e:
+                if _status_code(e) != 409:  # 409: created meanwhile, e.g. by a concurrent reconcile
+                    raise
+            return "created"
+        if is_subset(body, current.raw):
+            return "unchanged"
+        await current.patch({k: v for k, v in body.items() if k not in ("apiVersion", "kind")})
+        return "patched"
+
+    async def create_pod(self, body: dict) -> bool:
+        try:
+            await self._object(body).create()
+        except kr8s.ServerError as e:
+            if _status_code(e) == 409:  # still there (e.g. terminating): the next pass tries again
+                return False
+            raise
+        return True
+
+    async def delete_pod(self, name: str, namespace: str) -> bool:
+        try:
+            await Pod({"metadata": {"name": name, "namespace": namespace}}, api=self.api).delete()
+        except kr8s.NotFoundError:
+            return False
+        return True

@@ -1,0 +1,183 @@
+"""An Eagle3Target's spec as typed values with the CRD's defaults, its per-replica port layout, and the
+semantic checks a schema cannot express."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be reconciled; the message says why."""
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    period_seconds: int
+    failure_threshold: int
+    timeout_seconds: int
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any] | None, failure_threshold: int) -> ProbeTiming:
+        raw = raw or {}
+        return cls(
+            period_seconds=int(raw.get("periodSeconds", 10)),
+            failure_threshold=int(raw.get("failureThreshold", failure_threshold)),
+            timeout_seconds=int(raw.get("timeoutSeconds", 5)),
+        )
+
+
+@dataclass(frozen=True)
+class PortLayout:
+    """The ports one replica listens on."""
+
+    http: int
+    nccl_start: int
+    nccl_end: int  # inclusive
+
+    @property
+    def nccl_ports(self) -> range:
+        return range(self.nccl_start, self.nccl_end + 1)
+
+    @property
+    def nccl_range(self) -> str:
+        return f"{self.nccl_start}-{self.nccl_end}"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Defaults here mirror the CRD's schema defaults (tests compare them), so a spec that skipped API-server
+    defaulting reconciles the same way."""
+
+    model: str
+    engine: str = "hf"
+    dtype: str = "auto"
+    aux_layer_ids: tuple[int, ...] | None = None
+    replicas: int = 1
+    gpus_per_replica: int = 1
+    image: str = ""
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[dict, ...] = ()
+    args: tuple[str, ...] = ()
+    resources: dict = field(default_factory=dict)
+    env: tuple[dict, ...] = ()
+    node_selector: dict = field(default_factory=dict)
+    tolerations: tuple[dict, ...] = ()
+    affinity: dict = field(default_factory=dict)
+    host_network: bool = False
+    http_port: int = 8001
+    nccl_start: int = 29500
+    nccl_end: int = 29755
+    nccl_per_replica: int = 8
+    startup_probe: ProbeTiming = ProbeTiming(10, 180, 5)
+    readiness_probe: ProbeTiming = ProbeTiming(10, 3, 5)
+    liveness_probe: ProbeTiming = ProbeTiming(10, 6, 5)
+    model_volume: dict | None = None
+    auth_secret_name: str | None = None
+    auth_secret_key: str = "token"
+    service_account_name: str | None = None
+
+    @classmethod
+    def parse(cls, spec: dict[str, Any]) -> TargetSpec:
+        """Typed spec with defaults; raises InvalidSpec on missing or mistyped fields."""
+        try:
+            return cls._parse(spec)
+        except InvalidSpec:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InvalidSpec(f"malformed spec: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def _parse(cls, spec: dict[str, Any]) -> TargetSpec:
+        model = spec["model"]
+        if not isinstance(model, str) or not model:
+            raise InvalidSpec("spec.model must be a non-empty string")
+        ports = spec.get("ports") or {}
+        nccl = ports.get("nccl") or {}
+        probes = spec.get("probes") or {}
+        secret = spec.get("authTokenSecret")
+        aux = spec.get("auxLayerIds")
+        return cls(
+            model=model,
+            engine=spec.get("engine", "hf"),
+            dtype=spec.get("dtype", "auto"),
+            aux_layer_ids=tuple(int(i) for i in aux) if aux is not None else None,
+            replicas=int(spec.get("replicas", 1)),
+            gpus_per_replica=int(spec.get("gpusPerReplica", 1)),
+            image=spec.get("image") or "",
+            image_pull_policy=spec.get("imagePullPolicy", "IfNotPresent"),
+            image_pull_secrets=tuple(dict(s) for s in spec.get("imagePullSecrets") or ()),
+            args=tuple(str(a) for a in spec.get("args") or ()),
+            resources=dict(spec.get("resources") or {}),
+            env=tuple(dict(e) for e in spec.get("env") or ()),
+            node_selector=dict(spec.get("nodeSelector") or {}),
+            tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
+            affinity=dict(spec.get("affinity") or {}),
+            host_network=bool(spec.get("hostNetwork", False)),
+            http_port=int(ports.get("http", 8001)),
+            nccl_start=int(nccl.get("start", 29500)),
+            nccl_end=int(nccl.get("end", 29755)),
+            nccl_per_replica=int(nccl.get("perReplica", 8)),
+            startup_probe=ProbeTiming.parse(probes.get("startup"), 180),
+            readiness_probe=ProbeTiming.parse(probes.get("readiness"), 3),
+            liveness_probe=ProbeTiming.parse(probes.get("liveness"), 6),
+            model_volume=dict(spec["modelVolume"]) if spec.get("modelVolume") else None,
+            auth_secret_name=secret["name"] if secret else None,
+            auth_secret_key=(secret or {}).get("key", "token"),
+            service_account_name=spec.get("serviceAccountName") or None,
+        )
+
+    def ports_for(self, ordinal: int) -> PortLayout:
+        """With hostNetwork each replica owns HTTP port http+ordinal and the ordinal-th NCCL block, so several
+        replicas can share a node; on the pod network every replica uses the same ports on its own IP."""
+        slot = ordinal if self.host_network else 0
+        start = self.nccl_start + slot * self.nccl_per_replica
+        return PortLayout(http=self.http_port + slot, nccl_start=start, nccl_end=start + self.nccl_per_replica - 1)
+
+    def problems(self) -> list[str]:
+        """Semantic errors the CRD schema cannot catch (and schema errors, since a spec may skip validation)."""
+        errors = []
+        if self.engine not in ("hf", "sglang"):
+            errors.append(f"engine {self.engine!r} is not one of hf, sglang")
+        if self.engine == "sglang" and self.gpus_per_replica == 0:
+            errors.append("engine sglang needs gpusPerReplica >= 1")
+        if self.replicas < 0:
+            errors.append("replicas must not be negative")
+        if self.gpus_per_replica < 0:
+            errors.append("gpusPerReplica must not be negative")
+        if self.aux_layer_ids is not None:
+            if len(self.aux_layer_ids) != 3:
+                errors.append(f"auxLayerIds needs three layer ids, got {len(self.aux_layer_ids)}")
+            if len(set(self.aux_layer_ids)) != len(self.aux_layer_ids):
+                errors.append(f"auxLayerIds has duplicates: {list(self.aux_layer_ids)}")
+            if any(i < 0 for i in self.aux_layer_ids):
+                errors.append("auxLayerIds must not be negative")
+        errors += self._port_problems()
+        if self.model_volume is not None:
+            sources = [k for k in ("persistentVolumeClaim", "volumeSource") if self.model_volume.get(k)]
+            if len(sources) != 1:
+                errors.append("modelVolume needs exactly one of persistentVolumeClaim and volumeSource")
+        return errors
+
+    def _port_problems(self) -> list[str]:
+        if self.nccl_per_replica < 1:
+            return ["ports.nccl.perReplica must be at least 1"]
+        if self.nccl_end < self.nccl_start:
+            return [f"ports.nccl.end {self.nccl_end} is below ports.nccl.start {self.nccl_start}"]
+        errors = []
+        size = self.nccl_end - self.nccl_start + 1
+        slots = max(self.replicas, 1) if self.host_network else 1
+        if slots * self.nccl_per_replica > size:
+            errors.append(
+                f"NCCL port range {self.nccl_start}-{self.nccl_end} ({size} ports) is too small for "
+                f"{slots} replica(s) x {self.nccl_per_replica} ports"
+            )
+        last = self.ports_for(slots - 1)
+        if last.http > 65535 or last.nccl_end > 65535:
+            errors.append(f"ports of replica {slots - 1} pass 65535")
+        http_ports = range(self.http_port, last.http + 1)
+        if http_ports.start <= self.nccl_end and self.nccl_start <= http_ports[-1]:
+            errors.append(
+                f"HTTP ports {http_ports.start}-{http_ports[-1]} overlap the NCCL range {self.nccl_start}-{self.nccl_end}"
+            )
+        return errors
