@@ -1,0 +1,195 @@
+"""The trainer's view: NeMo's Eagle3TargetBackend surface over a pool of remote target servers.
+
+All network work runs on one background event-loop thread; every public method
+here is synchronous (or returns a future-like handle), so a plain training loop
+never sees asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import torch
+
+from eagle3_target.protocol import wire
+from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS, SUPERVISION_KEYS
+
+from .dispatch import PoolOptions, TargetPool
+from .endpoints import EndpointResolver, default_spec, default_token, make_resolver, parse_specs
+
+
+@dataclass
+class TargetBatch:
+    """One batch of EAGLE-3 supervision on the trainer's device."""
+
+    aux_hidden_states: torch.Tensor  # [B, S, 3H], target dtype
+    input_ids: torch.Tensor  # [B, S] int64, shifted left by one
+    attention_mask: torch.Tensor  # [B, S], the caller's own
+    loss_mask: torch.Tensor  # [B, S] int64, shifted left by one
+    target_probs: torch.Tensor  # [B, S, Vd] float32
+    position_mask: torch.Tensor  # [B, S, 1] bool
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class BatchHandle:
+    """A pending batch: ``result()`` blocks until the supervision is on the caller's device."""
+
+    def __init__(self, future: concurrent.futures.Future, attention_mask: torch.Tensor, device: torch.device):
+        self._future = future
+        self._attention_mask = attention_mask
+        self._device = device
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> bool:
+        return self._future.cancel()
+
+    def result(self, timeout: Optional[float] = None) -> TargetBatch:
+        tensors = self._future.result(timeout)
+        missing = [k for k in SUPERVISION_KEYS if tensors.get(k) is None]
+        if missing:
+            raise wire.WireError(f"/generate response lacks {missing}")
+        moved = {k: tensors[k].to(self._device, non_blocking=True) for k in SUPERVISION_KEYS}
+        moved["position_mask"] = moved["position_mask"].bool()
+        return TargetBatch(attention_mask=self._attention_mask.to(self._device), **moved)
+
+
+class RemoteTargetBackend:
+    """Supervision from remote target servers, with discovery, prefetch, retries and failover.
+
+    ``endpoints``: a spec (see endpoints.py) or a list of them; default: $EAGLE3_TARGET_SERVICE.
+    ``auth_token``: default: the file named by $EAGLE3_TARGET_AUTH_TOKEN_FILE.
+    ``nameserver``: "host[:port]" of the DNS server to ask; default: the system's.
+    ``device``: where batches land; default: the device of each call's input_ids.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | list[str] | None = None,
+        *,
+        auth_token: Optional[str] = None,
+        nameserver: Optional[str] = None,
+        device: torch.device | str | None = None,
+        options: PoolOptions | None = None,
+    ):
+        if endpoints is None:
+            endpoints = default_spec()
+        text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
+        resolver = EndpointResolver(parse_specs(text), make_resolver(nameserver))
+        self.session_id = str(uuid.uuid4())  # one per backend: the servers keep our vocab mapping under it
+        self.device = torch.device(device) if device is not None else None
+        self._embeddings: Optional[torch.nn.Embedding] = None
+        self._closed = False
+        self._pending: set[concurrent.futures.Future] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-target-client", daemon=True)
+        self._thread.start()
+        try:
+            self.pool = self._call(self._make_pool(resolver, auth_token if auth_token else default_token(), options))
+            self._call(self.pool.start())
+        except BaseException:
+            self.close()
+            raise
+
+    async def _make_pool(self, resolver, token, options) -> TargetPool:
+        return TargetPool(resolver, self.session_id, auth_token=token, options=options)  # binds to our loop
+
+    def _submit(self, coro) -> concurrent.futures.Future:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("the target backend is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return future
+
+    def _call(self, coro):
+        return self._submit(coro).result()
+
+    # -- NeMo's backend surface ------------------------------------------------------------
+
+    def model_info(self) -> dict[str, Any]:
+        return dict(self.pool.reference or {})
+
+    @property
+    def healthy_servers(self) -> int:
+        return len(self.pool.healthy())
+
+    def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
+        """Send the draft vocabulary to every server now and to every server that joins later."""
+        blob = wire.encode(
+            {
+                "selected_token_ids": selected_token_ids.detach().to("cpu", torch.int64),
+                "selected_token_mask": selected_token_mask.detach().to("cpu", torch.bool),
+            }
+        )
+        self._call(self.pool.set_vocab_mapping(blob))
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        """The target's frozen input embedding (fetched once, then cached)."""
+        if self._embeddings is None:
+            weight = self._call(self.pool.input_embeddings())
+            device = self.device or torch.device("cpu")
+            embedding = torch.nn.Embedding.from_pretrained(weight.to(device), freeze=True)
+            self._embeddings = embedding
+        return self._embeddings
+
+    def generate_batch_async(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    ) -> BatchHandle:
+        """Submit one batch; the handle's ``result()`` returns its TargetBatch."""
+        inputs = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask)))
+        request = wire.encode({k: t.detach().to("cpu", torch.int64) for k, t in inputs.items()})
+        device = self.device or input_ids.device
+        return BatchHandle(self._submit(self.pool.generate(request)), attention_mask, device)
+
+    def generate_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    ) -> TargetBatch:
+        return self.generate_batch_async(input_ids, attention_mask, loss_mask).result()
+
+    def prefetch(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 depth: Optional[int] = None) -> Iterator[TargetBatch]:  # fmt: skip
+        """Yield the supervision of (input_ids, attention_mask, loss_mask) triples in submission order,
+        keeping up to ``depth`` (default and cap: the healthy servers' capacity) requests in flight."""
+        waiting: collections.deque[BatchHandle] = collections.deque()
+        for batch in batches:
+            waiting.append(self.generate_batch_async(*batch))
+            while len(waiting) > self._depth(depth):
+                yield waiting.popleft().result()
+        while waiting:
+            yield waiting.popleft().result()
+
+    def _depth(self, requested: Optional[int]) -> int:
+        capacity = max(1, len(self.pool.healthy()) * self.pool.options.max_in_flight)
+        return capacity if requested is None else max(1, min(requested, capacity))
+
+    def close(self) -> None:
+        """Cancel what is still pending, end our sessions on the servers, stop the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        for future in list(self._pending):
+            future.cancel()
+        if hasattr(self, "pool"):
+            asyncio.run_coroutine_threadsafe(self.pool.close(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> "RemoteTargetBackend":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

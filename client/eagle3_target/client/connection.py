@@ -1,0 +1,183 @@
+"""One target server as the client sees it: its HTTP calls under our session id.
+
+Every method is a coroutine on the client's event loop. The data path of
+/generate lives in ``generate`` alone, so a second path (point-to-point
+tensors) can be chosen there per server without touching dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Optional
+
+import aiohttp
+import torch
+
+from eagle3_target.protocol import spec, wire
+
+# Failures that say "this server, now" rather than "this request": try another server.
+TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, wire.WireError)
+
+
+class ServerError(Exception):
+    """A non-2xx answer. ``retryable`` for 5xx: the same request may succeed elsewhere."""
+
+    def __init__(self, url: str, path: str, status: int, error: str, detail: str):
+        super().__init__(f"{url}/{path}: HTTP {status} {error}: {detail}")
+        self.url, self.path, self.status, self.error, self.detail = url, path, status, error, detail
+
+    @property
+    def retryable(self) -> bool:
+        return self.status >= 500
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """'forward;dur=50.1, encode;dur=0.2' -> {'forward': 0.0501, 'encode': 0.0002} (seconds)."""
+    out = {}
+    for item in header.split(","):
+        name, *params = (p.strip() for p in item.split(";"))
+        for param in params:
+            key, _, value = param.partition("=")
+            if key == "dur" and name:
+                try:
+                    out[name] = float(value) / 1000
+                except ValueError:
+                    pass
+    return out
+
+
+async def read_body(response: aiohttp.ClientResponse) -> bytearray:
+    """The whole body in one buffer sized by Content-Length: each chunk is copied once, never joined."""
+    size = response.content_length
+    if size is None:
+        body = bytearray()
+        async for chunk in response.content.iter_any():
+            body += chunk
+        return body
+    body = bytearray(size)
+    view = memoryview(body)
+    filled = 0
+    async for chunk in response.content.iter_any():
+        end = filled + len(chunk)
+        if end > size:
+            raise aiohttp.ClientPayloadError(f"body longer than its Content-Length {size}")
+        view[filled:end] = chunk
+        filled = end
+    if filled != size:
+        raise aiohttp.ClientPayloadError(f"body ended after {filled} of {size} bytes")
+    return body
+
+
+class ServerConnection:
+    """HTTP calls to one server, all under one session id (the server keeps our vocab mapping per session)."""
+
+    def __init__(
+        self,
+        url: str,
+        http: aiohttp.ClientSession,
+        session_id: str,
+        *,
+        auth_token: Optional[str] = None,
+        timeout: float = 120.0,
+    ):
+        self.url = url
+        self.http = http
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.headers = {spec.SESSION_HEADER: session_id}
+        if auth_token:
+            self.headers["Authorization"] = f"Bearer {auth_token}"
+        self.vocab_blob: Optional[bytes] = None  # re-sent when the server has lost our session
+        self.last_timings: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"ServerConnection({self.url})"
+
+    async def _post(self, path: str, body: bytes = b"", timeout: Optional[aiohttp.ClientTimeout] = None):
+        """POST and return the response with its body read; raise ServerError on non-2xx."""
+        async with self.http.post(
+            f"{self.url}/{path}",
+            data=body,
+            headers={**self.headers, "Content-Type": "application/octet-stream"},
+            timeout=timeout or self.timeout,
+        ) as response:
+            payload = await read_body(response)
+            if response.status >= 300:
+                raise _server_error(self.url, path, response.status, payload)
+            return response, payload
+
+    async def _post_json(self, path: str, body: bytes = b"") -> dict[str, Any]:
+        _, payload = await self._post(path, body)
+        return json.loads(payload)
+
+    async def health(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
+        """(status code, JSON body) of GET /health: 200 once ready, 503 while loading."""
+        async with self.http.get(
+            f"{self.url}/{spec.HEALTH}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
+            try:
+                body = await response.json(content_type=None)
+            except ValueError:
+                body = {}
+            return response.status, body if isinstance(body, dict) else {}
+
+    async def livez(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
+        """Our extension; a stock NeMo server answers 404."""
+        async with self.http.get(
+            f"{self.url}/{spec.LIVEZ}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
+            try:
+                return response.status, await response.json(content_type=None)
+            except ValueError:
+                return response.status, {}
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._post_json(spec.MODEL_INFO)
+
+    async def heartbeat(self) -> None:
+        await self._post_json(spec.HEARTBEAT)
+
+    async def input_embeddings(self) -> torch.Tensor:
+        # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
+        _, payload = await self._post(spec.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total))
+        weight = wire.decode(payload).get("weight")
+        if weight is None:
+            raise wire.WireError(f"{self.url}/{spec.INPUT_EMBEDDINGS}: response has no 'weight'")
+        return weight
+
+    async def set_vocab_mapping(self, blob: Optional[bytes] = None) -> None:
+        """Send the mapping (wire blob of selected_token_ids, selected_token_mask); None re-sends the last one."""
+        if blob is not None:
+            self.vocab_blob = blob
+        if self.vocab_blob is None:
+            raise RuntimeError("set_vocab_mapping has not been called")
+        await self._post_json(spec.SET_VOCAB_MAPPING, self.vocab_blob)
+
+    async def generate(self, request: bytes) -> dict[str, Optional[torch.Tensor]]:
+        """One wire /generate: the encoded inputs in, decoded supervision tensors (viewing one buffer) out.
+
+        A 409 no_vocab_mapping means the server lost our session (restart or expiry): the
+        mapping is re-sent and the request repeated once, which is safe since /generate is idempotent.
+        """
+        try:
+            response, payload = await self._post(spec.GENERATE, request)
+        except ServerError as exc:
+            if exc.status != 409 or exc.error != "no_vocab_mapping" or self.vocab_blob is None:
+                raise
+            await self.set_vocab_mapping()
+            response, payload = await self._post(spec.GENERATE, request)
+        self.last_timings = parse_server_timing(response.headers.get("Server-Timing", ""))
+        return wire.decode(payload)
+
+    async def disconnect(self) -> None:
+        """End our session only; the server keeps running for its other clients."""
+        await self._post_json(spec.DISCONNECT, b"{}")
+
+
+def _server_error(url: str, path: str, status: int, payload: bytes) -> ServerError:
+    try:
+        doc = json.loads(payload)
+        error, detail = str(doc.get("error", "")), str(doc.get("detail", ""))
+    except (ValueError, AttributeError):
+        error, detail = "", bytes(payload[:200]).decode("utf-8", "replace")
+    return ServerError(url, path, status, error or f"http_{status}", detail)

@@ -1,0 +1,160 @@
+"""Where the target servers are: an endpoint spec, resolved to base URLs.
+
+Spec forms (comma-separated specs are merged):
+  http://10.0.0.5:8001                   one server, as given
+  dns://<service>[:port]                 A records of a headless Service; one port for all pods (default 8001)
+  srv://_<port-name>._tcp.<service>      SRV records; each pod brings its own port (hostNetwork)
+Kubernetes DNS changes slowly (TTL plus cache), so callers re-resolve on a timer and after errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import dns.asyncresolver
+import dns.exception
+import dns.resolver
+
+log = logging.getLogger(__name__)
+
+SERVICE_ENV = "EAGLE3_TARGET_SERVICE"
+TOKEN_FILE_ENV = "EAGLE3_TARGET_AUTH_TOKEN_FILE"
+DEFAULT_PORT = 8001
+DNS_ERRORS = (dns.exception.DNSException,)
+
+
+class EndpointError(RuntimeError):
+    """A spec that cannot be parsed, or a name that did not resolve in time."""
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    kind: str  # "http", "dns" or "srv"
+    name: str  # a base URL for http, a DNS name otherwise
+    port: int = DEFAULT_PORT
+
+    def __str__(self) -> str:
+        if self.kind == "http":
+            return self.name
+        return f"{self.kind}://{self.name}" + (f":{self.port}" if self.kind == "dns" else "")
+
+
+def parse_specs(text: str) -> list[EndpointSpec]:
+    """Parse a comma-separated endpoint spec; raise EndpointError naming the bad part."""
+    specs = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        scheme, sep, rest = part.partition("://")
+        if not sep or not rest:
+            raise EndpointError(f"endpoint {part!r} has no scheme; use http://host:port, dns://name[:port] or srv://name")
+        scheme = scheme.lower()
+        if scheme in ("http", "https"):
+            specs.append(EndpointSpec("http", part.rstrip("/")))
+        elif scheme == "dns":
+            url = urlsplit("//" + rest)
+            try:
+                port = url.port or DEFAULT_PORT
+            except ValueError:
+                raise EndpointError(f"endpoint {part!r} has a bad port") from None
+            if not url.hostname:
+                raise EndpointError(f"endpoint {part!r} names no service")
+            specs.append(EndpointSpec("dns", url.hostname, port))
+        elif scheme == "srv":
+            if ":" in rest or "/" in rest:
+                raise EndpointError(f"endpoint {part!r}: SRV records carry the ports, give only the name")
+            specs.append(EndpointSpec("srv", rest))
+        else:
+            raise EndpointError(f"endpoint {part!r}: unknown scheme {scheme!r}; use http, dns or srv")
+    if not specs:
+        raise EndpointError("no endpoints given")
+    return specs
+
+
+def default_spec() -> str:
+    """The endpoint spec the operator injects into trainer pods."""
+    text = os.environ.get(SERVICE_ENV, "").strip()
+    if not text:
+        raise EndpointError(f"no endpoints given and ${SERVICE_ENV} is not set")
+    return text
+
+
+def default_token() -> str | None:
+    path = os.environ.get(TOKEN_FILE_ENV, "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError as exc:
+        raise EndpointError(f"${TOKEN_FILE_ENV}={path}: {exc}") from None
+
+
+def make_resolver(nameserver: str | None = None, timeout: float = 2.0) -> dns.asyncresolver.Resolver:
+    """The system's resolver, or one that asks only ``host[:port]`` (tests point this at a local server)."""
+    if nameserver is None:
+        resolver = dns.asyncresolver.Resolver()
+    else:
+        host, _, port = nameserver.rpartition(":") if nameserver.count(":") == 1 else (nameserver, "", "")
+        resolver = dns.asyncresolver.Resolver(configure=False)
+        resolver.nameservers = [host]
+        resolver.port = int(port) if port else 53
+    resolver.lifetime = timeout
+    resolver.cache = None  # our own timer decides when to look again
+    return resolver
+
+
+class EndpointResolver:
+    """Turns specs into a sorted list of base URLs, one DNS round per call."""
+
+    def __init__(self, specs: list[EndpointSpec], resolver: dns.asyncresolver.Resolver | None = None):
+        self.specs = specs
+        self.resolver = resolver or make_resolver()
+
+    @property
+    def is_static(self) -> bool:
+        return all(s.kind == "http" for s in self.specs)
+
+    async def resolve(self) -> list[str]:
+        """All URLs now; raises a DNS error if any name does not resolve."""
+        urls: set[str] = set()
+        for spec in self.specs:
+            if spec.kind == "http":
+                urls.add(spec.name)
+            elif spec.kind == "dns":
+                urls.update(f"http://{ip}:{spec.port}" for ip in await self._addresses(spec.name))
+            else:
+                answer = await self.resolver.resolve(spec.name, "SRV")
+                for record in answer:
+                    target = record.target.to_text(omit_final_dot=True)
+                    urls.update(f"http://{ip}:{record.port}" for ip in await self._addresses(target))
+        return sorted(urls)
+
+    async def _addresses(self, name: str) -> list[str]:
+        answer = await self.resolver.resolve(name, "A")
+        return [record.address for record in answer]
+
+    async def resolve_until(self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0) -> list[str]:
+        """Retry with bounded, jittered backoff until some URL resolves or ``deadline`` (loop time) passes."""
+        loop = asyncio.get_running_loop()
+        delay = first_delay
+        while True:
+            try:
+                urls = await self.resolve()
+                if urls:
+                    return urls
+                problem = "resolved to no addresses"
+            except DNS_ERRORS as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            left = deadline - loop.time()
+            names = ", ".join(str(s) for s in self.specs)
+            if left <= 0:
+                raise EndpointError(f"target endpoints {names} did not resolve in time; last error: {problem}")
+            log.info("waiting for %s (%s); retrying in %.1fs", names, problem, delay)
+            await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.0)))
+            delay = min(max_delay, delay * 2)

@@ -1,0 +1,148 @@
+"""The synchronous backend against real in-process servers: content, ordering, errors, sessions."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from eagle3_target.client import BatchFailedError, ModelMismatchError, PoolOptions, RemoteTargetBackend, ServerError
+from eagle3_target.server.app import ServerOptions
+from eagle3_target.server.runners.synthetic import SyntheticRunner
+
+from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = PoolOptions(deadline=10.0, start_timeout=10.0, backoff_base=0.01, backoff_max=0.2)
+
+
+def test_batches_match_the_reference_and_embeddings_are_cached(farm):
+    urls = [farm.start("127.0.0.2"), farm.start("127.0.0.3")]
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with RemoteTargetBackend(urls, options=FAST) as backend:
+        info = backend.model_info()
+        assert info["hidden_size"] == 64 and info["vocab_size"] == 512 and info["aux_layer_ids"] == [1, 15, 28]
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        for seed in range(6):
+            inputs = make_batch(seed)
+            batch = backend.generate_batch(*inputs)
+            assert_batch_matches(batch, expected(runner, vocab, *inputs), inputs[1])
+            assert batch.target_probs.shape == (2, 16, 96)
+        embeddings = backend.get_input_embeddings()
+        assert torch.equal(embeddings.weight, runner.input_embeddings())
+        assert not embeddings.weight.requires_grad
+        assert backend.get_input_embeddings() is embeddings
+        # Both servers took part (least-loaded with fair tie-breaking).
+        served = [farm.server(u).metrics.requests.labels("generate", "200")._value.get() for u in urls]
+        assert all(n > 0 for n in served), served
+
+
+def test_prefetch_returns_results_in_submission_order(farm):
+    # Different forward delays make later submissions finish first.
+    urls = [farm.start(f"127.0.0.{i + 2}", forward_delay=delay) for i, delay in enumerate((0.15, 0.0, 0.05))]
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with RemoteTargetBackend(",".join(urls), options=FAST) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        assert backend.healthy_servers == 3
+        inputs = [make_batch(seed) for seed in range(12)]
+        for got, sent in zip(backend.prefetch(inputs, depth=3), inputs, strict=True):
+            assert_batch_matches(got, expected(runner, vocab, *sent), sent[1])
+        handles = [backend.generate_batch_async(*sent) for sent in inputs[:3]]
+        for handle, sent in zip(reversed(handles), reversed(inputs[:3])):
+            assert_batch_matches(handle.result(timeout=10), expected(runner, vocab, *sent), sent[1])
+
+
+def test_servers_with_different_models_are_refused(farm):
+    same = farm.start("127.0.0.2")
+    other = farm.start("127.0.0.3", hidden_size=32)
+    with pytest.raises(ModelMismatchError) as error:
+        RemoteTargetBackend([same, other], options=FAST)
+    assert same in str(error.value) and other in str(error.value) and "hidden_size=32" in str(error.value)
+
+
+def test_close_ends_only_our_session(farm):
+    url = farm.start("127.0.0.2")
+    vocab = draft_vocab()
+    other = RemoteTargetBackend(url, options=FAST)
+    other.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+    with RemoteTargetBackend(url, options=FAST) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        backend.generate_batch(*make_batch(1))
+        assert {backend.session_id, other.session_id} <= set(farm.server(url).sessions._sessions)
+    sessions = set(farm.server(url).sessions._sessions)
+    assert backend.session_id not in sessions and other.session_id in sessions
+    other.generate_batch(*make_batch(2))  # the server still serves the other trainer
+    other.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        other.generate_batch(*make_batch(3))
+
+
+def test_restarted_server_gets_the_vocab_mapping_again(farm):
+    url = farm.start("127.0.0.2")
+    host, port = url.removeprefix("http://").split(":")
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with RemoteTargetBackend(url, options=FAST) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        backend.generate_batch(*make_batch(0))
+        farm.stop(url)
+        farm.start(host, int(port))  # a fresh process: our session and mapping are gone
+        inputs = make_batch(5)
+        assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+
+
+def test_client_errors_are_raised_at_once_not_retried(farm):
+    url = farm.start("127.0.0.2")
+    vocab = draft_vocab()
+    with RemoteTargetBackend(url, options=FAST) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        ids, mask, loss = make_batch(0)
+        with pytest.raises(ServerError) as error:
+            backend.generate_batch(ids + 10_000, mask, loss)
+        assert error.value.status == 422 and error.value.error == "token_out_of_range"
+        assert farm.server(url).metrics.requests.labels("generate", "422")._value.get() == 1
+        assert backend.healthy_servers == 1  # a bad batch does not make the server look sick
+
+
+def test_generate_before_vocab_mapping_is_a_clear_error(farm):
+    url = farm.start("127.0.0.2")
+    with RemoteTargetBackend(url, options=FAST) as backend:
+        with pytest.raises(ServerError, match="no_vocab_mapping"):
+            backend.generate_batch(*make_batch(0))
+
+
+def test_deadline_names_every_server_tried(farm):
+    urls = [farm.start("127.0.0.2"), farm.start("127.0.0.3")]
+    vocab = draft_vocab()
+    options = PoolOptions(deadline=1.5, start_timeout=5.0, backoff_base=0.01, backoff_max=0.1)
+    with RemoteTargetBackend(urls, options=options) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        for url in urls:
+            farm.stop(url)
+        start = time.monotonic()
+        with pytest.raises(BatchFailedError) as error:
+            backend.generate_batch(*make_batch(0))
+        assert time.monotonic() - start < 5
+        assert all(url in str(error.value) for url in urls), str(error.value)
+
+
+def test_auth_token_from_the_environment(farm, tmp_path, monkeypatch):
+    url = farm.start("127.0.0.2", options=ServerOptions(auth_token="s3cret"))
+    vocab = draft_vocab()
+    with pytest.raises(ServerError, match="401"):
+        RemoteTargetBackend(url, options=FAST)
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    monkeypatch.setenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("EAGLE3_TARGET_SERVICE", url)
+    with RemoteTargetBackend(options=FAST) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        backend.generate_batch(*make_batch(0))
+
+
+def test_a_server_still_loading_is_waited_for(farm):
+    port = free_port("127.0.0.2")
+    url = f"http://127.0.0.2:{port}"
+    with pytest.raises(BatchFailedError, match=url):
+        RemoteTargetBackend(url, options=PoolOptions(start_timeout=0.5, backoff_base=0.01))
