@@ -1,0 +1,178 @@
+import struct
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eagle3_target.protocol import wire
+from eagle3_target.protocol.wire import CODE_TO_DTYPE, DTYPE_TO_CODE, EncodedBlob, WireError, decode, encode
+
+SPEC_EXAMPLE = bytes.fromhex(
+    "54454d4e"
+    "03000000" "696473"
+    "00" "04" "01"
+    "0200000000000000"
+    "1000000000000000"
+    "0700000000000000" "ffffffffffffffff"
+    "01000000" "6d" "01"
+)  # fmt: skip
+
+
+def test_spec_worked_example_encodes_byte_for_byte():
+    blob = encode({"ids": torch.tensor([7, -1], dtype=torch.int64), "m": None})
+    assert blob == SPEC_EXAMPLE
+    assert len(blob) == 52
+
+
+def test_spec_worked_example_decodes():
+    out = decode(bytearray(SPEC_EXAMPLE))
+    assert list(out) == ["ids", "m"]
+    assert out["ids"].dtype == torch.int64 and out["ids"].tolist() == [7, -1]
+    assert out["m"] is None
+
+
+def test_dtype_codes_match_the_spec():
+    assert {str(d).removeprefix("torch."): c for d, c in DTYPE_TO_CODE.items()} == {
+        "float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int64": 4,
+        "int32": 5, "int16": 6, "int8": 7, "uint8": 8, "bool": 9,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_TO_CODE))
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3, 4), (1, 0, 5)])
+def test_round_trip_every_dtype_and_shape(dtype, shape):
+    source = (torch.randn(shape) * 50).to(dtype)
+    out = decode(bytearray(encode({"t": source})))["t"]
+    assert out.dtype == dtype and out.shape == source.shape
+    assert torch.equal(out, source)
+
+
+def test_non_contiguous_input_is_encoded_in_logical_order():
+    base = torch.arange(12, dtype=torch.int32).view(3, 4)
+    out = decode(bytearray(encode({"t": base.t()})))["t"]
+    assert torch.equal(out, base.t())
+
+
+def test_bf16_is_sent_as_its_raw_bit_pattern():
+    t = torch.tensor([1.0, -2.5], dtype=torch.bfloat16)
+    blob = encode({"x": t})
+    assert blob[-4:] == t.view(torch.int16).numpy().tobytes()
+
+
+def test_decode_is_zero_copy_on_a_writable_buffer():
+    buf = bytearray(encode({"a": torch.arange(1000, dtype=torch.float32)}))
+    t = decode(buf)["a"]
+    base = torch.frombuffer(buf, dtype=torch.uint8).data_ptr()
+    assert base <= t.data_ptr() < base + len(buf)
+    t[0] = 42.0  # writable and shared
+    assert decode(buf)["a"][0] == 42.0
+
+
+def test_encoded_blob_streams_tensor_storage_without_copies():
+    big = torch.arange(3 << 20, dtype=torch.uint8)
+    blob = EncodedBlob({"big": big})
+    chunks = list(blob.chunks(max_chunk=1 << 20))
+    assert sum(len(c) for c in chunks) == blob.nbytes == len(blob.tobytes())
+    data_chunks = [c for c in chunks if isinstance(c, memoryview) and len(c) == 1 << 20]
+    assert len(data_chunks) == 3
+    addr = torch.frombuffer(data_chunks[0], dtype=torch.uint8).data_ptr()
+    assert addr == big.data_ptr()
+
+
+def test_encode_rejects_unsupported_dtypes_and_devices():
+    with pytest.raises(WireError, match="no wire code"):
+        encode({"x": torch.zeros(2, dtype=torch.uint16)})
+    with pytest.raises(WireError, match="meta"):
+        encode({"x": torch.zeros(2, device="meta")})
+
+
+def _entry(key: bytes, code: int, shape: list[int], nbytes: int, data: bytes = b"") -> bytes:
+    return (
+        struct.pack("<I", len(key)) + key + bytes([0, code, len(shape)])
+        + struct.pack(f"<{len(shape)}q", *shape) + struct.pack("<Q", nbytes) + data
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        (b"", "truncated"),
+        (b"TEM", "truncated"),
+        (b"GFPS" + b"\0" * 8, "bad magic"),  # SpecForge's magic is not NeMo's
+        (wire.MAGIC_BYTES + b"\x05\0\0\0ab", "truncated"),
+        (wire.MAGIC_BYTES + b"\x01\0\0\0\xff\x00", "not UTF-8"),
+        (wire.MAGIC_BYTES + _entry(b"x", 42, [1], 4, b"\0" * 4), "unknown dtype code 42"),
+        (wire.MAGIC_BYTES + _entry(b"x", 0, [2], 4, b"\0" * 4), "disagrees"),
+        (wire.MAGIC_BYTES + _entry(b"x", 0, [-1], 4, b"\0" * 4), "negative"),
+        (wire.MAGIC_BYTES + _entry(b"x", 0, [1 << 40, 1 << 20], 1 << 62), "truncated"),
+        (wire.MAGIC_BYTES + _entry(b"x", 0, [1 << 40, 1 << 40], 0), "disagrees"),
+        (wire.MAGIC_BYTES + _entry(b"x", 4, [4], 32, b"\0" * 8), "truncated"),
+        (wire.MAGIC_BYTES + b"\x01\0\0\0x\x00\x00\xff" + b"\0" * 16, "truncated"),  # ndim 255, no room
+    ],
+)
+def test_hostile_buffers_raise_one_clear_error(blob, message):
+    with pytest.raises(WireError, match=message):
+        decode(bytearray(blob))
+
+
+def test_repeated_keys_keep_the_last():
+    blob = wire.MAGIC_BYTES + _entry(b"k", 7, [1], 1, b"\x01") + _entry(b"k", 7, [1], 1, b"\x02")
+    assert decode(bytearray(blob))["k"].tolist() == [2]
+
+
+def test_read_only_buffers_decode_to_private_copies():
+    blob = encode({"a": torch.arange(4, dtype=torch.int16)})
+    out = decode(blob)["a"]
+    out[0] = 9
+    assert decode(blob)["a"][0] == 0
+
+
+_tensors = st.builds(
+    lambda code, shape: (torch.arange(max(1, int(torch.tensor(shape).prod())) * 3) % 7)[
+        : int(torch.tensor(shape).prod())
+    ].view(shape).to(CODE_TO_DTYPE[code]),
+    st.sampled_from(sorted(CODE_TO_DTYPE)),
+    st.lists(st.integers(0, 4), max_size=3).map(tuple),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), st.one_of(st.none(), _tensors), max_size=4))
+def test_round_trip_property(tensors):
+    out = decode(bytearray(encode(tensors)))
+    assert list(out) == list(tensors)
+    for key, value in tensors.items():
+        if value is None:
+            assert out[key] is None
+        else:
+            assert out[key].dtype == value.dtype and torch.equal(out[key], value)
+
+
+_VALID = encode({"input_ids": torch.arange(6).view(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool), "n": None})
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.data())
+def test_fuzzed_buffers_decode_or_raise_wire_error(data):
+    """Truncate, flip and splice a valid blob: decode must return or raise WireError, nothing else."""
+    blob = bytearray(_VALID)
+    for _ in range(data.draw(st.integers(0, 4))):
+        pos = data.draw(st.integers(0, len(blob) - 1))
+        blob[pos] = data.draw(st.integers(0, 255))
+    blob = blob[: data.draw(st.integers(0, len(blob)))] + data.draw(st.binary(max_size=16))
+    try:
+        out = decode(blob)
+    except WireError:
+        return
+    for value in out.values():
+        assert value is None or value.numel() * value.element_size() <= len(blob)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_never_crash(blob):
+    try:
+        decode(bytearray(wire.MAGIC_BYTES + blob))
+    except WireError:
+        pass
