@@ -1,0 +1,296 @@
+"""SGLang runner: one extend forward of a standalone SGLang ModelRunner, on one CUDA GPU.
+
+Stock SGLang keeps the logits of each row's last position only; the runner swaps the
+model's LogitsProcessor for a head that keeps every position and returns the captured
+EAGLE-3 aux states. SGLang packs the tokens of all rows flat, so the outputs are
+re-stacked into [B, S, *] with zeros past each row's length.
+
+SGLang is optional and GPU-only: nothing here imports it until a runner is loaded.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from ..requests import RequestError
+from .base import RunnerInfo, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+SGLANG_VERSION = "0.5.9"  # the version whose internals this module tracks (pinned by the `sglang` extra)
+INSTALL_HINT = (
+    f"the sglang engine needs SGLang {SGLANG_VERSION}: pip install 'eagle3-target[sglang]' in a separate "
+    "server image (SGLang pins its own torch and transformers)"
+)
+NO_GPU = "the sglang engine needs a CUDA GPU, and torch sees none"
+
+# ServerArgs takes the dtype as a string.
+SGLANG_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+class SGLangUnavailable(RuntimeError):
+    """SGLang or a CUDA GPU is missing: raised before anything heavy is loaded."""
+
+
+def sglang_dtype(dtype: torch.dtype) -> str:
+    try:
+        return SGLANG_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"the sglang engine has no dtype {dtype}; choose {', '.join(map(str, SGLANG_DTYPES))}") from None
+
+
+def check_requirements(device: str) -> None:
+    """Fail at once, naming everything that is missing, before SGLang or a model is loaded."""
+    problems = []
+    if importlib.util.find_spec("sglang") is None:
+        problems.append(INSTALL_HINT)
+    if not torch.cuda.is_available():
+        problems.append(NO_GPU)
+    elif torch.device(device).type != "cuda":
+        problems.append(f"the sglang engine runs on a CUDA GPU: pass --device cuda or cuda:N, not {device!r}")
+    if problems:
+        raise SGLangUnavailable("; ".join(problems))
+
+
+def import_sglang() -> SimpleNamespace:
+    """The SGLang names this runner uses, in one place (tests put a fake SGLang in sys.modules)."""
+    from sglang.bench_one_batch import TreeCacheNamespace
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.parallel_state import cleanup_dist_env_and_memory
+    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessorOutput
+    from sglang.srt.layers.moe import initialize_moe_config
+    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.utils import get_free_port
+
+    return SimpleNamespace(**locals())
+
+
+def build_server_args(sgl, model: str, *, dtype: torch.dtype, gpu_id: int, mem_fraction_static: float,
+                      trust_remote_code: bool):  # fmt: skip
+    return sgl.ServerArgs(
+        model_path=model,
+        dtype=sglang_dtype(dtype),
+        device="cuda",
+        base_gpu_id=gpu_id,
+        tp_size=1,
+        # Full-vocab logits for every position live outside SGLang's KV pool: leave them room.
+        mem_fraction_static=mem_fraction_static,
+        trust_remote_code=trust_remote_code,
+        skip_tokenizer_init=True,
+        # Only ever one prefill of fresh rows: no decode graphs, nothing worth caching.
+        disable_cuda_graph=True,
+        disable_radix_cache=True,
+    )
+
+
+def build_model_runner(sgl, server_args, gpu_id: int):
+    """A single-process ModelRunner with its own one-rank distributed group, as SGLang's scheduler builds it."""
+    model_config = sgl.ModelConfig.from_server_args(server_args)
+    sgl.initialize_moe_config(server_args)
+    sgl.initialize_fp8_gemm_config(server_args)
+    sgl.initialize_fp4_gemm_config(server_args)
+    return sgl.ModelRunner(
+        model_config=model_config,
+        mem_fraction_static=server_args.mem_fraction_static,
+        gpu_id=gpu_id,
+        tp_rank=0,
+        tp_size=1,
+        moe_ep_rank=0,
+        moe_ep_size=1,
+        pp_rank=0,
+        pp_size=1,
+        nccl_port=sgl.get_free_port(),
+        server_args=server_args,
+    )
+
+
+def concat_aux(captured: list[torch.Tensor], aux_layer_ids: list[int]) -> torch.Tensor:
+    """SGLang captures in layer order; concatenate in the order the client asked for, as the HF runner does."""
+    if len(captured) != len(aux_layer_ids):
+        raise RuntimeError(f"SGLang captured {len(captured)} aux hidden states, expected {len(aux_layer_ids)}")
+    by_layer = dict(zip(sorted(aux_layer_ids), captured))
+    return torch.cat([by_layer[i] for i in aux_layer_ids], dim=-1)
+
+
+class AllPositionsHead(nn.Module):
+    """Stands in for a model's LogitsProcessor: logits for every token, plus the aux states.
+
+    Reuses the wrapped processor's own lm-head path (scaling, soft-capping, vocab padding removed).
+    """
+
+    def __init__(self, inner: nn.Module, sgl, aux_layer_ids: list[int]):
+        super().__init__()
+        self.inner = inner
+        self.sgl = sgl
+        self.aux_layer_ids = list(aux_layer_ids)
+
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None, *_, **__):
+        if isinstance(logits_metadata, self.sgl.ForwardBatch):
+            logits_metadata = self.sgl.LogitsMetadata.from_forward_batch(logits_metadata)
+        logits = self.inner._get_logits(hidden_states, lm_head, logits_metadata)
+        aux = concat_aux(list(aux_hidden_states or []), self.aux_layer_ids)
+        return self.sgl.LogitsProcessorOutput(next_token_logits=logits, hidden_states=aux)
+
+
+def install_head(sgl, model: nn.Module, aux_layer_ids: list[int], num_hidden_layers: int) -> None:
+    if not hasattr(model, "set_eagle3_layers_to_capture"):
+        raise ValueError(f"SGLang's {type(model).__name__} cannot capture EAGLE-3 aux hidden states; use --engine hf")
+    if max(aux_layer_ids) >= num_hidden_layers - 1:
+        # SGLang captures a layer's output at the next layer's input: the last layer has none.
+        raise ValueError(f"the sglang engine cannot capture the last layer ({num_hidden_layers - 1}); "
+                         f"choose aux layer ids below it, got {aux_layer_ids}")  # fmt: skip
+    model.logits_processor = AllPositionsHead(model.logits_processor, sgl, aux_layer_ids)
+    model.set_eagle3_layers_to_capture(list(aux_layer_ids))
+
+
+def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's length; SGLang takes rows without holes, so the mask must be ones then zeros."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(dim=1)
+    prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
+    if not torch.equal(mask, prefix):
+        raise RequestError(400, "unsupported_padding",
+                           "the sglang engine needs right-padded rows: each attention_mask row must be ones, then zeros")  # fmt: skip
+    return lengths
+
+
+def stack_rows(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[T, D] tokens packed row after row -> [B, S, D], zeros past each row's length."""
+    if mask.all():
+        return flat.view(*mask.shape, flat.shape[-1])
+    out = flat.new_zeros(*mask.shape, flat.shape[-1])
+    out[mask] = flat
+    return out
+
+
+def extend_batch(sgl, runner, rows: list[list[int]]):
+    """The ForwardBatch SGLang's scheduler would build to prefill ``rows`` from an empty cache."""
+    params = sgl.SamplingParams(temperature=0, max_new_tokens=1)
+    reqs = []
+    for i, ids in enumerate(rows):
+        req = sgl.Req(rid=str(i), origin_input_text="", origin_input_ids=ids, sampling_params=params)
+        req.fill_ids = req.origin_input_ids
+        req.logprob_start_len = -1
+        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+        reqs.append(req)
+    allocator = runner.token_to_kv_pool_allocator
+    cache = sgl.TreeCacheNamespace(page_size=runner.server_args.page_size, device=runner.device,
+                                   token_to_kv_pool_allocator=allocator)  # fmt: skip
+    batch = sgl.ScheduleBatch.init_new(
+        reqs=reqs,
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool_allocator=allocator,
+        tree_cache=cache,
+        model_config=runner.model_config,
+        enable_overlap=False,
+        spec_algorithm=sgl.SpeculativeAlgorithm.NONE,
+    )
+    batch.prepare_for_extend()
+    return sgl.ForwardBatch.init_new(batch.get_model_worker_batch(), runner)
+
+
+def check_capacity(runner, lengths: list[int]) -> None:
+    limits = (
+        ("rows", len(lengths), runner.req_to_token_pool.size),
+        ("tokens in the longest row", max(lengths), runner.req_to_token_pool.max_context_len),
+        ("tokens in all", sum(lengths), runner.max_total_num_tokens),
+    )
+    for what, asked, limit in limits:
+        if asked > limit:
+            raise RequestError(413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}")
+
+
+def embedding_weight(model: nn.Module) -> torch.Tensor:
+    if hasattr(model, "get_input_embeddings"):
+        return model.get_input_embeddings().weight
+    return model.model.embed_tokens.weight
+
+
+class SGLangRunner:
+    def __init__(self, sgl, model_runner, *, name: str, aux_layer_ids: list[int] | None, dtype: torch.dtype):
+        self.sgl = sgl
+        self.model_runner = model_runner
+        config = model_runner.model_config
+        model = model_runner.model
+        self.info = RunnerInfo.build(
+            model=name,
+            engine="sglang",
+            num_hidden_layers=int(config.num_hidden_layers),
+            hidden_size=int(config.hidden_size),
+            vocab_size=int(config.vocab_size),
+            aux_layer_ids=aux_layer_ids,
+            dtype=dtype,
+            device=str(embedding_weight(model).device),
+            config={k: v for k, v in config.hf_config.to_diff_dict().items()
+                    if k not in ("_name_or_path", "torch_dtype", "dtype")},  # fmt: skip
+        )
+        install_head(sgl, model, self.info.aux_layer_ids, self.info.num_hidden_layers)
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "cuda",
+        aux_layer_ids: list[int] | None = None,
+        trust_remote_code: bool = False,
+        mem_fraction_static: float = 0.5,
+    ) -> "SGLangRunner":
+        check_requirements(device)
+        if model is None:
+            raise ValueError("the sglang engine needs --model (a local directory or hub id)")
+        torch_dtype = resolve_dtype(dtype, device)
+        gpu_id = torch.device(device).index or 0
+        sgl = import_sglang()
+        server_args = build_server_args(sgl, model, dtype=torch_dtype, gpu_id=gpu_id,
+                                        mem_fraction_static=mem_fraction_static,
+                                        trust_remote_code=trust_remote_code)  # fmt: skip
+        model_runner = build_model_runner(sgl, server_args, gpu_id)
+        log.info("loaded %s with SGLang (%s) on cuda:%d", model, torch_dtype, gpu_id)
+        return cls(sgl, model_runner, name=model, aux_layer_ids=aux_layer_ids, dtype=torch_dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = attention_mask.bool()
+        lengths = [n for n in row_lengths(mask).tolist() if n]
+        tokens = input_ids[mask].tolist()  # one device-to-host copy, rows back to back
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        rows = [tokens[start : start + n] for start, n in zip(starts, lengths)]
+        if not rows:
+            batch, seq = input_ids.shape
+            info = self.info
+            return (torch.zeros(batch, seq, info.vocab_size, device=input_ids.device),
+                    torch.zeros(batch, seq, 3 * info.hidden_size, dtype=info.dtype, device=input_ids.device))  # fmt: skip
+        runner = self.model_runner
+        check_capacity(runner, lengths)
+        try:
+            output = runner.forward(extend_batch(self.sgl, runner, rows)).logits_output
+        finally:
+            # Every batch starts from an empty cache: give back the KV slots this one took.
+            runner.req_to_token_pool.clear()
+            runner.token_to_kv_pool_allocator.clear()
+        return stack_rows(output.next_token_logits, mask), stack_rows(output.hidden_states, mask)
+
+    def input_embeddings(self) -> torch.Tensor:
+        # SGLang pads the embedding rows to a multiple of 64; the client wants the real vocabulary.
+        return embedding_weight(self.model_runner.model).detach()[: self.info.vocab_size]
+
+    def close(self) -> None:
+        self.model_runner = None
+        gc.collect()
+        self.sgl.cleanup_dist_env_and_memory()
+        torch.cuda.empty_cache()
