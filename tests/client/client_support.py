@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import torch
 
@@ -16,6 +17,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
 
 
 # -- reference supervision -------------------------------------------------------------------

@@ -71,13 +71,19 @@ class Member:
         return self.conn.url
 
 
+# What makes two servers interchangeable. NeMo's four keys, then our extensions; per-server
+# facts (nccl_port) and names (model path, engine) may differ.
+IDENTITY_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "aux_layer_ids", "dtype", "config_digest")
+
+
 def describe_model(info: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={info[k]}" for k in sorted(info))
+    return ", ".join(f"{k}={info[k]}" for k in IDENTITY_KEYS if k in info)
 
 
 def model_difference(reference: dict[str, Any], info: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Keys both sides report with different values (a stock NeMo server reports only four)."""
-    return {k: (reference[k], info[k]) for k in reference.keys() & info.keys() if reference[k] != info[k]}
+    """Identity keys both sides report with different values (a stock NeMo server reports only four)."""
+    shared = [k for k in IDENTITY_KEYS if k in reference and k in info]
+    return {k: (reference[k], info[k]) for k in shared if reference[k] != info[k]}
 
 
 class TargetPool:
@@ -100,6 +106,7 @@ class TargetPool:
         self._changed = asyncio.Condition()
         self._resolve_now = asyncio.Event()
         self._turn = 0
+        self.failovers = 0  # attempts that failed on one server and moved on
         self._tasks: set[asyncio.Task] = set()
         self._http: Optional[aiohttp.ClientSession] = None
 
@@ -211,6 +218,7 @@ class TargetPool:
             finally:
                 self._release(member)
             tried.append(f"{member.url}: {_short(error)}")
+            self.failovers += 1
             self._quarantine(member, error)
             delay = min(self.options.backoff_max, self.options.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
             attempt += 1

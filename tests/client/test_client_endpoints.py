@@ -1,0 +1,82 @@
+"""Endpoint specs and their resolution against a real DNS server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from eagle3_target.client.endpoints import (
+    EndpointError,
+    EndpointResolver,
+    EndpointSpec,
+    default_spec,
+    make_resolver,
+    parse_specs,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+SERVICE = "targets.team.svc.cluster.local"
+
+
+def test_parse_specs():
+    assert parse_specs("http://10.0.0.1:8001/, dns://svc.ns:9000,srv://_http._tcp.svc.ns") == [
+        EndpointSpec("http", "http://10.0.0.1:8001"),
+        EndpointSpec("dns", "svc.ns", 9000),
+        EndpointSpec("srv", "_http._tcp.svc.ns"),
+    ]
+    assert parse_specs("dns://svc.ns") == [EndpointSpec("dns", "svc.ns", 8001)]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("svc.ns:8001", "no scheme"),
+        ("ftp://svc", "unknown scheme"),
+        ("dns://svc:http", "bad port"),
+        ("srv://_http._tcp.svc:8001", "SRV records carry the ports"),
+        (" , ", "no endpoints"),
+    ],
+)
+def test_bad_specs_are_named(text, message):
+    with pytest.raises(EndpointError, match=message):
+        parse_specs(text)
+
+
+def test_default_spec_comes_from_the_environment(monkeypatch):
+    with pytest.raises(EndpointError, match="EAGLE3_TARGET_SERVICE"):
+        default_spec()
+    monkeypatch.setenv("EAGLE3_TARGET_SERVICE", f"dns://{SERVICE}:8001")
+    assert default_spec() == f"dns://{SERVICE}:8001"
+
+
+async def test_a_and_srv_records(dns_server):
+    dns_server.set_a(SERVICE, ["127.0.0.3", "127.0.0.2"])
+    dns_server.set_a(f"pod-0.{SERVICE}", ["127.0.0.4"])
+    dns_server.set_a(f"pod-1.{SERVICE}", ["127.0.0.5"])
+    dns_server.set_srv(f"_http._tcp.{SERVICE}", [(f"pod-0.{SERVICE}", 9001), (f"pod-1.{SERVICE}", 9002)])
+    resolver = make_resolver(dns_server.address)
+    urls = await EndpointResolver(parse_specs(f"dns://{SERVICE}:8005, http://127.0.0.9:1"), resolver).resolve()
+    assert urls == ["http://127.0.0.2:8005", "http://127.0.0.3:8005", "http://127.0.0.9:1"]
+    urls = await EndpointResolver(parse_specs(f"srv://_http._tcp.{SERVICE}"), resolver).resolve()
+    assert urls == ["http://127.0.0.4:9001", "http://127.0.0.5:9002"]
+
+
+async def test_a_name_that_appears_late_is_waited_for(dns_server):
+    threading.Timer(0.6, dns_server.set_a, (SERVICE, ["127.0.0.2"])).start()
+    resolver = EndpointResolver(parse_specs(f"dns://{SERVICE}"), make_resolver(dns_server.address))
+    loop = asyncio.get_running_loop()
+    assert await resolver.resolve_until(loop.time() + 10, first_delay=0.05) == ["http://127.0.0.2:8001"]
+    assert dns_server.queries >= 2
+
+
+async def test_a_name_that_never_resolves_fails_naming_it(dns_server):
+    resolver = EndpointResolver(parse_specs(f"dns://{SERVICE}"), make_resolver(dns_server.address))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(EndpointError, match=f"dns://{SERVICE}:8001 did not resolve"):
+        await resolver.resolve_until(start + 0.8, first_delay=0.05, max_delay=0.2)
+    assert loop.time() - start < 3
+    assert dns_server.queries >= 3  # retried with backoff, not given up at once
