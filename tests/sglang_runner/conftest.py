@@ -68,7 +68,8 @@ class LogitsProcessor(nn.Module):
 
     def forward(self, input_ids, hidden_states, lm_head, forward_batch, aux_hidden_states=None):
         last = forward_batch.extend_seq_lens.cumsum(0) - 1
-        return LogitsProcessorOutput(self._get_logits(hidden_states[last], lm_head, LogitsMetadata.from_forward_batch(forward_batch)))
+        metadata = LogitsMetadata.from_forward_batch(forward_batch)
+        return LogitsProcessorOutput(self._get_logits(hidden_states[last], lm_head, metadata))
 
 
 class Layer(nn.Module):
@@ -149,7 +150,8 @@ class ModelRunner:
         self.forwards += 1
         if getattr(self, "fail_next_forward", False):
             raise RuntimeError("CUDA error: out of memory (fake)")
-        return SimpleNamespace(logits_output=self.model(forward_batch.input_ids, forward_batch.positions, forward_batch))
+        output = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        return SimpleNamespace(logits_output=output)
 
 
 class Req:
@@ -167,7 +169,7 @@ class ScheduleBatch:
     @classmethod
     def init_new(cls, *, reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, **kwargs):
         batch = cls()
-        batch.reqs, batch.req_pool, batch.kv_pool, batch.tree_cache = reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache
+        batch.reqs, batch.req_pool, batch.kv_pool = reqs, req_to_token_pool, token_to_kv_pool_allocator
         assert tree_cache.token_to_kv_pool_allocator is token_to_kv_pool_allocator
         return batch
 
@@ -221,7 +223,9 @@ def fake_sglang(monkeypatch):
         "sglang.srt.distributed": {},
         "sglang.srt.distributed.parallel_state": dict(cleanup_dist_env_and_memory=calls.recorder("cleanup")),
         "sglang.srt.layers": {},
-        "sglang.srt.layers.logits_processor": dict(LogitsMetadata=LogitsMetadata, LogitsProcessorOutput=LogitsProcessorOutput),
+        "sglang.srt.layers.logits_processor": dict(
+            LogitsMetadata=LogitsMetadata, LogitsProcessorOutput=LogitsProcessorOutput
+        ),
         "sglang.srt.layers.moe": dict(initialize_moe_config=calls.recorder("moe_config")),
         "sglang.srt.layers.quantization": {},
         "sglang.srt.layers.quantization.fp4_utils": dict(initialize_fp4_gemm_config=calls.recorder("fp4_config")),

@@ -1,4 +1,4 @@
-"""The SGLang runner's contract, run through its real code against the fake_sglang SGLang in conftest.py."""
+"""The SGLang runner's contract, run through its real code against the fake SGLang in conftest.py."""
 
 import sys
 
@@ -59,7 +59,8 @@ def test_load_builds_one_single_process_model_runner(fake_sglang):
 def test_model_info_describes_the_sglang_target(fake_sglang):
     info = load().info.model_info()
     assert info["engine"] == "sglang" and info["model"] == "org/fake-model"
-    assert (info["num_hidden_layers"], info["hidden_size"], info["vocab_size"]) == (fake_sglang.layers, fake_sglang.hidden, fake_sglang.vocab)
+    shape = (info["num_hidden_layers"], info["hidden_size"], info["vocab_size"])
+    assert shape == (fake_sglang.layers, fake_sglang.hidden, fake_sglang.vocab)
     assert info["aux_layer_ids"] == [1, fake_sglang.layers // 2 - 1, fake_sglang.layers - 4]
     assert info["dtype"] == "float32"
     runner = load()
@@ -72,7 +73,8 @@ def test_rows_come_back_stacked_with_zeros_past_their_length(fake_sglang, length
     seq = max(lengths)
     ids, mask = right_padded(lengths, seq)
     logits, aux = runner.forward(ids, mask)
-    assert logits.shape == (len(lengths), seq, fake_sglang.vocab) and aux.shape == (len(lengths), seq, 3 * fake_sglang.hidden)
+    assert logits.shape == (len(lengths), seq, fake_sglang.vocab)
+    assert aux.shape == (len(lengths), seq, 3 * fake_sglang.hidden)
     for b, n in enumerate(lengths):
         row_logits, row_aux = alone(runner, ids[b, :n])
         torch.testing.assert_close(logits[b, :n], row_logits[0])
@@ -130,7 +132,8 @@ def test_empty_rows_are_zeros_and_an_empty_batch_runs_nothing(fake_sglang):
     logits, aux = runner.forward(ids, mask)
     assert not logits[0].any() and not aux[0].any() and logits[1, :3].any()
     logits, aux = runner.forward(*right_padded([0, 0], 4))
-    assert logits.shape == (2, 4, fake_sglang.vocab) and aux.shape == (2, 4, 3 * fake_sglang.hidden) and aux.dtype == torch.float32
+    assert logits.shape == (2, 4, fake_sglang.vocab) and aux.shape == (2, 4, 3 * fake_sglang.hidden)
+    assert logits.dtype == aux.dtype == torch.float32
     assert not logits.any() and runner.model_runner.forwards == 1
 
 
@@ -145,7 +148,11 @@ def test_left_padding_is_a_client_error(fake_sglang):
 
 @pytest.mark.parametrize(
     ("lengths", "what"),
-    [([1] * 5, "rows: 5 is over this server's limit of 4"), ([33], "longest row: 33"), ([20, 20, 20, 20], "in all: 80")],
+    [
+        ([1] * 5, "rows: 5 is over this server's limit of 4"),
+        ([33], "longest row: 33 is over this server's limit of 32"),
+        ([20, 20, 20, 20], "in all: 80 is over this server's limit of 64"),
+    ],
 )
 def test_a_batch_over_sglang_capacity_is_refused_before_allocating(fake_sglang, lengths, what):
     runner = load()

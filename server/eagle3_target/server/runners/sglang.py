@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import itertools
 import logging
 from types import SimpleNamespace
 
@@ -42,7 +43,8 @@ def sglang_dtype(dtype: torch.dtype) -> str:
     try:
         return SGLANG_DTYPES[dtype]
     except KeyError:
-        raise ValueError(f"the sglang engine has no dtype {dtype}; choose {', '.join(map(str, SGLANG_DTYPES))}") from None
+        choices = ", ".join(map(str, SGLANG_DTYPES))
+        raise ValueError(f"the sglang engine has no dtype {dtype}; choose {choices}") from None
 
 
 def check_requirements(device: str) -> None:
@@ -162,8 +164,9 @@ def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
     lengths = mask.sum(dim=1)
     prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
     if not torch.equal(mask, prefix):
-        raise RequestError(400, "unsupported_padding",
-                           "the sglang engine needs right-padded rows: each attention_mask row must be ones, then zeros")  # fmt: skip
+        raise RequestError(
+            400, "unsupported_padding", "the sglang engine needs right-padded rows: each mask row is ones, then zeros"
+        )
     return lengths
 
 
@@ -268,13 +271,12 @@ class SGLangRunner:
         mask = attention_mask.bool()
         lengths = [n for n in row_lengths(mask).tolist() if n]
         tokens = input_ids[mask].tolist()  # one device-to-host copy, rows back to back
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        rows = [tokens[start : start + n] for start, n in zip(starts, lengths)]
+        bounds = list(itertools.accumulate(lengths, initial=0))
+        rows = [tokens[start:end] for start, end in itertools.pairwise(bounds)]
         if not rows:
-            batch, seq = input_ids.shape
-            info = self.info
-            return (torch.zeros(batch, seq, info.vocab_size, device=input_ids.device),
-                    torch.zeros(batch, seq, 3 * info.hidden_size, dtype=info.dtype, device=input_ids.device))  # fmt: skip
+            shape, device = input_ids.shape, input_ids.device
+            logits = torch.zeros(*shape, self.info.vocab_size, device=device)
+            return logits, torch.zeros(*shape, 3 * self.info.hidden_size, dtype=self.info.dtype, device=device)
         runner = self.model_runner
         check_capacity(runner, lengths)
         try:
