@@ -12,6 +12,8 @@ import sys
 COMMANDS = {
     "serve": ("eagle3_target.server.cli", "run a target server"),
     "operator": ("eagle3_target.operator.cli", "run the Eagle3Target operator"),
+    "probe": ("eagle3_target.client.cli_probe", "list the target servers a trainer finds, with state and latency"),
+    "bench": ("eagle3_target.client.cli_bench", "measure client throughput with synthetic batches"),
 }
 
 

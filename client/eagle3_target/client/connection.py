@@ -89,16 +89,18 @@ class ServerConnection:
             self.headers["Authorization"] = f"Bearer {auth_token}"
         self.vocab_blob: Optional[bytes] = None  # re-sent when the server has lost our session
         self.last_timings: dict[str, float] = {}
+        self.p2p = None  # a p2p.P2PChannel when the pool allows the point-to-point path
 
     def __repr__(self) -> str:
         return f"ServerConnection({self.url})"
 
-    async def _post(self, path: str, body: bytes = b"", timeout: Optional[aiohttp.ClientTimeout] = None):
+    async def _post(self, path: str, body: bytes = b"", timeout: Optional[aiohttp.ClientTimeout] = None,
+                    headers: Optional[dict[str, str]] = None):  # fmt: skip
         """POST and return the response with its body read; raise ServerError on non-2xx."""
         async with self.http.post(
             f"{self.url}/{path}",
             data=body,
-            headers={**self.headers, "Content-Type": "application/octet-stream"},
+            headers={**self.headers, "Content-Type": "application/octet-stream", **(headers or {})},
             timeout=timeout or self.timeout,
         ) as response:
             payload = await read_body(response)
@@ -159,6 +161,10 @@ class ServerConnection:
         A 409 no_vocab_mapping means the server lost our session (restart or expiry): the
         mapping is re-sent and the request repeated once, which is safe since /generate is idempotent.
         """
+        if self.p2p is not None:
+            tensors = await self.p2p.generate(self, request)
+            if tensors is not None:
+                return tensors
         try:
             response, payload = await self._post(spec.GENERATE, request)
         except ServerError as exc:

@@ -20,6 +20,7 @@ from typing import Any, Optional, TypeVar
 import aiohttp
 
 from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
+from .p2p import P2PChannel
 from .endpoints import DNS_ERRORS, EndpointResolver
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class PoolOptions:
     heartbeat_interval: float = 15.0
     backoff_base: float = 0.05
     backoff_max: float = 5.0
+    data_path: str = "auto"  # "auto": GPU-direct when both sides can; "wire"; "p2p" (gloo too; see p2p.py)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -280,6 +282,7 @@ class TargetPool:
         if timeout is not None:
             conn.timeout = timeout
         conn.vocab_blob = self.vocab_blob
+        conn.p2p = P2PChannel(self.options.data_path, timeout=self.options.request_timeout)
         return conn
 
     def _add(self, url: str) -> None:
