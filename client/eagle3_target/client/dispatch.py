@@ -20,8 +20,8 @@ from typing import Any, Optional, TypeVar
 import aiohttp
 
 from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
-from .p2p import P2PChannel
 from .endpoints import DNS_ERRORS, EndpointResolver
+from .p2p import DATA_PATHS, P2PChannel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,6 +53,8 @@ class PoolOptions:
     data_path: str = "auto"  # "auto": GPU-direct when both sides can; "wire"; "p2p" (gloo too; see p2p.py)
 
     def __post_init__(self):
+        if self.data_path not in DATA_PATHS:
+            raise ValueError(f"unknown data path {self.data_path!r}; choose {', '.join(DATA_PATHS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown dispatch policy {self.policy!r}; choose {', '.join(POLICIES)}")
         if self.max_in_flight < 1:

@@ -40,11 +40,18 @@ class P2PChannel:
         self.next_seq = 0
         self.retry_at = 0.0  # monotonic time before which we do not try to build a group
         self.transfers = self.fallbacks = 0
+        self._lock = asyncio.Lock()  # one transfer at a time on the group, in sequence order
 
     # -- the hook ServerConnection.generate calls -----------------------------------------
 
     async def generate(self, conn: ServerConnection, request: bytes) -> Optional[dict]:
         """Supervision for ``request``; None means "use the wire path" (the caller then does)."""
+        if self.mode == "wire":
+            return None
+        async with self._lock:
+            return await self._generate(conn, request)
+
+    async def _generate(self, conn: ServerConnection, request: bytes) -> Optional[dict]:
         group = await self._group(conn)
         if group is None:
             return None
@@ -80,8 +87,6 @@ class P2PChannel:
     # -- group lifecycle -------------------------------------------------------------------
 
     async def _group(self, conn: ServerConnection) -> Optional[PeerGroup]:
-        if self.mode == "wire":
-            return None
         if self.group is not None and not self.group.closed:
             return self.group
         if time.monotonic() < self.retry_at:

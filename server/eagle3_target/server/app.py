@@ -24,8 +24,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from eagle3_target.protocol import spec
 from eagle3_target.protocol.supervision import build_supervision
+from eagle3_target.protocol.transport import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
 
+from .dataplane import DataPlane, PortRange
 from .metrics import ServerMetrics
 from .requests import RequestError, parse_generate, parse_vocab_mapping
 from .runners import TargetRunner
@@ -46,6 +48,9 @@ class ServerOptions:
     exit_on_disconnect: bool = False
     auth_token: Optional[str] = None
     nccl_port: Optional[int] = None
+    nccl_port_range: Optional[PortRange] = None  # where /init_nccl without a port allocates one
+    p2p: bool = True
+    p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
 
 
 class TargetServer:
@@ -62,6 +67,15 @@ class TargetServer:
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
         self._compute_lock = asyncio.Lock()
         self._embeddings: Optional[EncodedBlob] = None
+        self.dataplane = DataPlane(
+            self.options.nccl_port_range,
+            enabled=self.options.p2p,
+            preferred_port=self.options.nccl_port,
+            rendezvous_timeout=self.options.p2p_timeout,
+            transfer_timeout=self.options.p2p_timeout,
+            registry=self.metrics.registry,
+        )
+        self.sessions.on_end(self.dataplane.end_session)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -96,6 +110,7 @@ class TargetServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.sessions.end_all()
         self.metrics.sessions.set(0)
+        self.dataplane.shutdown()
         if self.runner is not None:
             await self._on_model_thread(self.runner.close)
         self._model_thread.shutdown(wait=False)
@@ -229,6 +244,7 @@ class TargetServer:
         info = runner.info.model_info()
         if self.options.nccl_port is not None:
             info["nccl_port"] = self.options.nccl_port
+        info["p2p"] = self.dataplane.info(runner.info.device)
         return web.json_response(info)
 
     async def input_embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -249,8 +265,12 @@ class TargetServer:
         return web.json_response({"status": "ok"})
 
     async def init_nccl(self, request: web.Request) -> web.Response:
-        self._session(request)
-        return web.json_response({"status": "disabled"})
+        runner = self._ready_runner()
+        session = self._session(request)
+        body = await request.read()
+        # The store binds the address this request reached: our pod address, never a wildcard.
+        address = request.transport.get_extra_info("sockname")[0]
+        return web.json_response(await self.dataplane.init(session, address, body, runner.info.device))
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         runner = self._ready_runner()
@@ -262,6 +282,9 @@ class TargetServer:
         if session.vocab is None:
             raise RequestError(409, "no_vocab_mapping", "call /set_vocab_mapping before /generate")
         timings["decode"] = time.perf_counter() - start
+        async with self.dataplane.transfer(session, request.headers) as transfer:
+            if transfer is not None:
+                return await self._generate_p2p(request, runner, inputs, session, transfer, timings)
         async with self._compute_lock:
             supervision = await self._on_model_thread(_compute, runner, inputs, session.vocab, timings)
         start = time.perf_counter()
@@ -277,6 +300,33 @@ class TargetServer:
             self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
         self.metrics.tokens.inc(inputs["input_ids"].numel())
         self.metrics.sent_bytes.labels("wire").inc(blob.nbytes)
+        return response
+
+    async def _generate_p2p(self, request, runner, inputs, session, transfer, timings) -> web.StreamResponse:
+        """Metadata in the HTTP response, flushed, then the tensors over the session's group."""
+        async with self._compute_lock:
+            supervision = await self._on_model_thread(_compute, runner, inputs, session.vocab, timings, False)
+        server_timing = ", ".join(f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in timings.items())
+        response = web.Response(
+            body=spec.encode_metadata(supervision),
+            content_type="application/json",
+            headers={**transfer.response_headers(), "Server-Timing": server_timing},
+        )
+        await response.prepare(request)
+        await response.write_eof()  # the client must have the metadata before it can post its receives
+        start = time.perf_counter()
+        try:
+            sent = await transfer.send(supervision)
+        except TransferError as exc:
+            # A 200 is already on the wire: write nothing more, drop the connection instead.
+            log.warning("session %s: point-to-point send failed, closing the connection: %s", session.id, exc)
+            request.protocol.force_close()
+            return response
+        timings["send"] = time.perf_counter() - start
+        for phase, seconds in timings.items():
+            self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
+        self.metrics.tokens.inc(inputs["input_ids"].numel())
+        self.metrics.sent_bytes.labels("nccl").inc(sent)  # "nccl" names the point-to-point path, gloo included
         return response
 
     async def disconnect(self, request: web.Request) -> web.Response:
@@ -305,8 +355,8 @@ def _warm_up(runner: TargetRunner) -> None:
     build_supervision(logits, aux, ids, ids, VocabMapping.identity(logits.shape[-1], device))
 
 
-def _compute(runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timings: dict[str, float]):
-    """On the model thread: forward, projection, and the move to host memory for encoding."""
+def _compute(runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timings: dict[str, float], to_host=True):
+    """On the model thread: forward, projection, and (for the wire) the move to host memory."""
     device = runner.info.device
     start = time.perf_counter()
     input_ids = inputs["input_ids"].to(device)
@@ -315,7 +365,10 @@ def _compute(runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timin
     start = time.perf_counter()
     supervision = build_supervision(logits, aux, input_ids, inputs["loss_mask"].to(device), vocab)
     del logits
-    supervision = {k: v.cpu() for k, v in supervision.items()}
+    if to_host:
+        supervision = {k: v.cpu() for k, v in supervision.items()}
+    else:  # the point-to-point path sends straight from the runner's device
+        supervision = {k: v.contiguous() for k, v in supervision.items()}
     timings["projection"] = time.perf_counter() - start
     return supervision
 

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from .app import DEFAULT_MAX_BODY_BYTES, ServerOptions, TargetServer, run_server
+from .dataplane import PortRange
 
 log = logging.getLogger(__name__)
 
@@ -19,12 +20,26 @@ def _aux_ids(text: str) -> list[int]:
     return ids
 
 
+def _port_range(text: str) -> PortRange:
+    try:
+        return PortRange.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local directory or hub id; default: the embedded tiny Llama (no download)")
     p.add_argument("--engine", choices=["hf", "sglang", "synthetic"], default="hf")
     p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
     p.add_argument("--nccl-port", type=int, help="rendezvous port used when a client names none (default --port+100)")
+    p.add_argument("--nccl-port-range", type=_port_range,
+                   help="ports for point-to-point groups of clients that name none, e.g. 8101-8164; give pods "
+                        "sharing a node (hostNetwork) disjoint ranges (default: --port+100 to --port+163)")
+    p.add_argument("--disable-p2p", action="store_true",
+                   help="answer /init_nccl with 'disabled': every /generate goes over the wire")
+    p.add_argument("--p2p-timeout", type=float, default=120.0,
+                   help="seconds for a point-to-point rendezvous and for each transfer (default 120)")
     p.add_argument("--aux-layer-ids", type=_aux_ids, help="three layer ids, e.g. '1,15,28' (default [1, L//2-1, L-4])")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on CUDA, float32 on CPU")  # fmt: skip
@@ -59,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         exit_on_disconnect=args.exit_on_disconnect,
         auth_token=token,
         nccl_port=args.nccl_port if args.nccl_port is not None else args.port + 100,
+        nccl_port_range=args.nccl_port_range or PortRange(args.port + 100, args.port + 163),
+        p2p=not args.disable_p2p,
+        p2p_timeout=args.p2p_timeout,
     )
     log.info("engine %s, model %s, device %s, dtype %s", args.engine, args.model or "embedded-tiny-llama",
              args.device, args.dtype)  # fmt: skip
