@@ -1,0 +1,313 @@
+"""The chart rendered by the real helm 4 with several value sets, every object validated offline."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from eagle3_target.operator import builders
+from chart.render import CHART, KUBE_VERSION, MONITORING_APIS, NAMESPACE, RELEASE, find, helm, one, set_args, template
+from tools import REPO
+
+TARGET = RELEASE  # the Eagle3Target is named after the release's full name, which is the chart name here
+RENDERS = {
+    "defaults": ({}, ()),
+    "hostNetwork": ({"target.hostNetwork": "true", "target.replicas": "4", "target.gpusPerReplica": "1"}, ()),
+    "monitoring": (
+        {
+            "monitoring.serviceMonitor.enabled": "true",
+            "monitoring.serviceMonitor.additionalLabels": '{"release": "kube-prometheus-stack"}',
+            "monitoring.podMonitor.enabled": "true",
+            "monitoring.dashboard.enabled": "true",
+        },
+        MONITORING_APIS,
+    ),
+    "operatorOff": ({"operator.enabled": "false"}, ()),
+    "pdbAndNetworkPolicy": (
+        {"podDisruptionBudget.enabled": "true", "networkPolicy.enabled": "true", "monitoring.podMonitor.enabled": "true"},
+        MONITORING_APIS,
+    ),
+    "watchNamespaces": ({"operator.watchNamespaces": '["trainers", "research"]'}, ()),
+    "everything": (
+        {
+            "target.replicas": "3",
+            "target.gpusPerReplica": "2",
+            "target.auxLayerIds": "[2, 16, 29]",
+            "target.modelVolume": '{"persistentVolumeClaim": {"claimName": "models"}, "subPath": "llama"}',
+            "target.authTokenSecret": '{"name": "target-token"}',
+            "target.env": '[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]',
+            "target.resources": '{"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}}',
+            "target.nodeSelector": '{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}',
+            "target.tolerations": '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]',
+            "target.serviceAccountName": '"targets"',
+            "podDisruptionBudget.enabled": "true",
+            "podDisruptionBudget.minAvailable": '"50%"',
+            "networkPolicy.enabled": "true",
+            "networkPolicy.trainerNamespaceSelector": '{"matchLabels": {"team": "ml"}}',
+        },
+        (),
+    ),
+}
+CUSTOM_KINDS = {"Eagle3Target", "ServiceMonitor", "PodMonitor"}  # validated against their own schemas
+
+
+@pytest.fixture(scope="module")
+def renders(tools) -> dict[str, list[dict]]:
+    return {name: template(tools, values, apis) for name, (values, apis) in RENDERS.items()}
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict:
+    return yaml.safe_load((CHART / "crds" / "eagle3targets.yaml").read_text())
+
+
+def crd_schema(crd: dict) -> dict:
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def undeclared_fields(value, schema: dict, path: str = "") -> list[str]:
+    """Fields the API server would prune silently: not declared in a structural schema."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found = []
+    if isinstance(value, dict) and "properties" in schema:
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                found.append(f"{path}.{key}")
+            else:
+                found += undeclared_fields(item, schema["properties"][key], f"{path}.{key}")
+    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, item in value.items():
+            found += undeclared_fields(item, schema["additionalProperties"], f"{path}.{key}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            found += undeclared_fields(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+def check_eagle3target(obj: dict, crd: dict) -> list[str]:
+    schema = crd_schema(crd)
+    problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]  # fmt: skip
+    return problems + [f"{p} is not in the CRD schema" for p in undeclared_fields(obj.get("spec", {}),
+                                                                                    schema["properties"]["spec"],
+                                                                                    "spec")]
+
+
+def test_lint_strict(tools):
+    for values, _ in (RENDERS["defaults"], RENDERS["everything"], RENDERS["monitoring"]):
+        args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *set_args(values)]
+        result = helm(tools, *args, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "0 chart(s) failed" in result.stdout
+
+
+def test_every_render_is_valid_kubernetes(renders):
+    """kubernetes-validate --strict (in-process, one schema load per kind) on every core object of every render."""
+    failures = []
+    for render_name, objects in renders.items():
+        for obj in objects:
+            if obj["kind"] in CUSTOM_KINDS:
+                continue
+            try:
+                kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                failures.append(f"{render_name}: {obj['kind']}/{obj['metadata']['name']}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+def test_kubernetes_validate_strict_rejects_an_unknown_field(renders):
+    """The validation above has teeth: a misplaced field in a rendered Deployment fails it."""
+    deployment = json.loads(json.dumps(one(renders["defaults"], "Deployment")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_rendered_eagle3target_matches_the_crd_schema(renders, crd):
+    for render_name, objects in renders.items():
+        target = one(objects, "Eagle3Target", TARGET)
+        assert check_eagle3target(target, crd) == [], render_name
+
+
+def test_crd_schema_check_catches_bad_and_unknown_fields(renders, crd):
+    target = json.loads(json.dumps(one(renders["defaults"], "Eagle3Target")))
+    target["spec"]["engine"] = "vllm"
+    target["spec"]["ports"]["nccl"]["perRank"] = 4
+    problems = check_eagle3target(target, crd)
+    assert any("engine" in p and "vllm" in p for p in problems), problems
+    assert "spec.ports.nccl.perRank is not in the CRD schema" in problems
+
+
+def test_the_crd_in_the_chart_is_manifests_crd_byte_for_byte():
+    assert (CHART / "crds" / "eagle3targets.yaml").read_bytes() == (REPO / "manifests" / "crd.yaml").read_bytes(), (
+        "copy manifests/crd.yaml to charts/eagle3-target/crds/eagle3targets.yaml (manifests/ is the source of truth)"
+    )
+
+
+def test_defaults_install_crd_operator_and_a_gpu_fleet(renders):
+    objects = renders["defaults"]
+    crd = one(objects, "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "eagle3targets.eagle3.dev"
+    deployment = one(objects, "Deployment", f"{RELEASE}-operator")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["eagle3-target", "operator"]
+    spec = one(objects, "Eagle3Target", TARGET)["spec"]
+    assert spec["replicas"] == 1 and spec["gpusPerReplica"] == 1 and spec["hostNetwork"] is False
+    assert spec["ports"] == {"http": 8001, "nccl": {"start": 29500, "end": 29755, "perReplica": 8}}
+    assert spec["image"] == "ghcr.io/eagle3-target/eagle3-target:0.1.0"
+
+
+def test_values_reach_the_eagle3target(renders):
+    spec = one(renders["everything"], "Eagle3Target", TARGET)["spec"]
+    assert spec["replicas"] == 3 and spec["gpusPerReplica"] == 2
+    assert spec["auxLayerIds"] == [2, 16, 29]
+    assert spec["modelVolume"] == {"persistentVolumeClaim": {"claimName": "models"}, "subPath": "llama"}
+    assert spec["authTokenSecret"] == {"name": "target-token"}
+    assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert spec["serviceAccountName"] == "targets"
+    assert one(renders["hostNetwork"], "Eagle3Target", TARGET)["spec"]["hostNetwork"] is True
+
+
+def test_chart_owns_no_operator_children(renders):
+    """Helm 4 applies server-side: the chart must not own what the operator writes (pods, Services, replicas)."""
+    children = {builders.pod_name(TARGET, i) for i in range(8)} | {TARGET, builders.peers_service_name(TARGET),
+                                                                     builders.client_configmap_name(TARGET)}
+    for render_name, objects in renders.items():
+        for obj in objects:
+            if obj["kind"] in {"Pod", "Service", "ConfigMap", "StatefulSet", "ReplicaSet"}:
+                assert obj["metadata"]["name"] not in children, (render_name, obj["kind"], obj["metadata"]["name"])
+        assert not find(objects, "Service") and not find(objects, "StatefulSet"), render_name
+
+
+def test_every_object_carries_the_recommended_labels(renders):
+    for render_name, objects in renders.items():
+        for obj in objects:
+            if obj["kind"] == "CustomResourceDefinition":
+                continue  # crds/ is not templated
+            labels = obj["metadata"]["labels"]
+            for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                        "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "helm.sh/chart"):  # fmt: skip
+                assert key in labels, (render_name, obj["kind"], obj["metadata"]["name"], key)
+            assert labels["app.kubernetes.io/instance"] == RELEASE
+
+
+def pod_specs(objects: list[dict]) -> list[tuple[str, dict]]:
+    specs = [(o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] == "Pod"]
+    return specs + [(o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] == "Deployment"]
+
+
+def test_chart_pods_run_restricted(renders):
+    for render_name, objects in renders.items():
+        for name, spec in pod_specs(objects):
+            assert spec["securityContext"]["runAsNonRoot"] is True, name
+            assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+            for container in spec["containers"]:
+                sc = container["securityContext"]
+                assert sc["allowPrivilegeEscalation"] is False, (render_name, name)
+                assert sc["capabilities"] == {"drop": ["ALL"]}, (render_name, name)
+                assert sc["readOnlyRootFilesystem"] is True, (render_name, name)
+            assert not spec.get("hostNetwork"), name
+
+
+def test_operator_off_renders_only_crd_and_fleet(renders):
+    kinds = {o["kind"] for o in renders["operatorOff"]}
+    assert kinds == {"CustomResourceDefinition", "Eagle3Target", "Pod"}  # Pod: the helm test
+    assert one(renders["operatorOff"], "Pod")["metadata"]["annotations"]["helm.sh/hook"] == "test"
+
+
+def test_operator_rbac_cluster_wide_or_per_namespace(renders):
+    cluster = renders["defaults"]
+    rules = one(cluster, "ClusterRole", f"{RELEASE}-operator")["rules"]
+    granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    for needed in [("eagle3.dev", "eagle3targets"), ("eagle3.dev", "eagle3targets/status"), ("", "pods"),
+                   ("", "services"), ("", "configmaps"), ("", "events")]:  # fmt: skip
+        assert needed in granted, needed
+    assert "--all-namespaces" in one(cluster, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    scoped = renders["watchNamespaces"]
+    assert {r["metadata"]["namespace"] for r in find(scoped, "Role")} == {"trainers", "research"}
+    assert {r["metadata"]["namespace"] for r in find(scoped, "RoleBinding")} == {"trainers", "research"}
+    assert not find(scoped, "ClusterRole", f"{RELEASE}-operator")
+    args = one(scoped, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=trainers" in args and "--namespace=research" in args and "--all-namespaces" not in args
+    binding = one(cluster, "ClusterRoleBinding", f"{RELEASE}-operator")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}]
+
+
+def test_pdb_and_network_policy_select_the_operators_pods(renders):
+    objects = renders["pdbAndNetworkPolicy"]
+    pod_labels = builders.labels(TARGET)
+    pdb = one(objects, "PodDisruptionBudget", TARGET)
+    assert pdb["spec"]["selector"]["matchLabels"] == builders.selector(TARGET)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    policy = one(objects, "NetworkPolicy", TARGET)
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    trainers, metrics = policy["spec"]["ingress"]
+    assert trainers["from"] == [{"podSelector": {"matchLabels": {"eagle3.dev/trainer": "true"}}}]
+    assert {"protocol": "TCP", "port": "http"} in trainers["ports"]
+    assert {"protocol": "TCP", "port": 29500, "endPort": 29755} in trainers["ports"]
+    assert metrics["ports"] == [{"protocol": "TCP", "port": "http"}]
+    assert metrics["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    test_pod = one(objects, "Pod")
+    assert test_pod["metadata"]["labels"]["eagle3.dev/trainer"] == "true", "helm test must get past the policy"
+
+    everything = renders["everything"]
+    assert one(everything, "PodDisruptionBudget")["spec"] == {
+        "minAvailable": "50%", "selector": {"matchLabels": builders.selector(TARGET)}}  # fmt: skip
+    (trainers,) = one(everything, "NetworkPolicy")["spec"]["ingress"]  # no monitors: no metrics rule
+    assert trainers["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "ml"}}
+
+
+def test_monitors_follow_the_operators_services_and_pods(renders):
+    objects = renders["monitoring"]
+    monitor = one(objects, "ServiceMonitor", TARGET)
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= builders.labels(TARGET).items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
+    (keep,) = endpoint["relabelings"]
+    assert keep["action"] == "keep" and keep["regex"] == builders.peers_service_name(TARGET)
+    pod_monitor = one(objects, "PodMonitor", TARGET)
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= builders.labels(TARGET).items()
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+
+
+def test_monitors_need_the_monitoring_api(tools):
+    values, _ = RENDERS["monitoring"]
+    objects = template(tools, values, api_versions=())
+    assert not find(objects, "ServiceMonitor") and not find(objects, "PodMonitor")
+    assert find(objects, "ConfigMap"), "the dashboard ConfigMap needs no Prometheus Operator"
+
+
+def test_dashboard_configmap_carries_the_repo_dashboard(renders):
+    configmap = one(renders["monitoring"], "ConfigMap", f"{RELEASE}-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(configmap["data"]["eagle3-target.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "eagle3-target.json").read_text())
+    assert not find(renders["defaults"], "ConfigMap"), "the dashboard is opt-in"
+
+
+def test_helm_test_pod_reaches_every_replica_through_the_services(renders):
+    pod = one(renders["defaults"], "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    fqdn = f"{TARGET}.{NAMESPACE}.svc.cluster.local"
+    assert env["SERVICE_URL"] == f"http://{fqdn}:8001"
+    assert env["TARGET_URLS"] == f"http://{TARGET}-0.{TARGET}-peers.{NAMESPACE}.svc.cluster.local:8001"
+    assert pod["spec"]["containers"][0]["args"][0] == (CHART / "files" / "check_fleet.py").read_text()
+
+    host = one(renders["hostNetwork"], "Pod")
+    env = {e["name"]: e["value"] for e in host["spec"]["containers"][0]["env"]}
+    assert "SERVICE_URL" not in env, "with hostNetwork the replicas do not share one port"
+    assert env["TARGET_URLS"].split() == [
+        f"http://{TARGET}-{i}.{TARGET}-peers.{NAMESPACE}.svc.cluster.local:{8001 + i}" for i in range(4)
+    ]
+    everything = one(renders["everything"], "Pod")["spec"]
+    assert everything["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert everything["tolerations"][0]["key"] == "nvidia.com/gpu"
