@@ -1,0 +1,274 @@
+"""The real operator (kopf + kr8s) against kmock's Kubernetes emulator, made realistic enough for kopf.
+
+kmock keeps objects as plain dicts; the subclass below adds what kopf relies on: uid, resourceVersion,
+generation and timestamps on stored objects, JSON-patch with 422 on a failed `test`, a real list
+resourceVersion, and watch streams without events the client already saw. kmock does no garbage collection,
+ignores label selectors and applies /status patches to the whole object; the operator copes with all three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+import pytest
+import yaml
+
+# The timer drives healing and rollouts; make it quick before the handlers register.
+os.environ["EAGLE3_TARGET_OPERATOR_INTERVAL"] = "0.2"
+
+NAMESPACE = "ml"
+CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd.yaml"
+CR = "eagle3.dev/v1alpha1/eagle3targets"
+
+
+def _merge_diff(old: Any, new: Any) -> Any:
+    """The JSON merge-patch turning `old` into `new` (None deletes a key), which is what kmock applies."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return copy.deepcopy(new)
+    diff = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        if key not in old:
+            diff[key] = copy.deepcopy(value)
+        elif old[key] != value:
+            diff[key] = _merge_diff(old[key], value)
+    return diff
+
+
+def _rv(obj: dict) -> int:
+    return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesEmulator):
+    _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _latest: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.fallback["get /version/"] << self._serve_server_version  # kr8s asks with a trailing slash
+
+    async def _serve_server_version(self, request: kmock.Request):
+        return {**await super()._serve_server_version(request), "minor": "33", "gitVersion": "v1.33.0"}
+
+    def _next_version(self) -> str:
+        self._latest = next(self._versions)
+        return str(self._latest)
+
+    def _stored(self, request: kmock.Request):
+        key = (request.resource, request.namespace, request.name)
+        obj = self.objects._objects.get(key)
+        return None if obj is None or obj.deleted else obj
+
+    async def _handle(self, request: kmock.Request):
+        if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE,
+                                                               kmock.action.DELETE):  # fmt: skip
+            try:
+                request = self._stamp(request)
+            except kmock.KubernetesError as e:
+                return await self._render_error(e)
+        return await super()._handle(request)
+
+    def _stamp(self, request: kmock.Request) -> kmock.Request:
+        res = request.resource
+        if request.action == kmock.action.CREATE:
+            data = copy.deepcopy(request.data)
+            meta = data.setdefault("metadata", {})
+            meta.setdefault("namespace", request.namespace)
+            if not meta.get("name") and meta.get("generateName"):  # kopf's events
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_version(), generation=1,
+                        creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))  # fmt: skip
+            data["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+            data["kind"] = self.resources[res].kind
+            return _with_data(request, data)
+        current = self._stored(request)
+        if current is None:
+            return request  # kmock answers 404 itself
+        if request.action == kmock.action.DELETE:
+            # the DELETED event must be newer than whatever a watcher has seen
+            current.patch({"metadata": {"resourceVersion": self._next_version()}})
+            return request
+        old = copy.deepcopy(current.raw)
+        if isinstance(request.data, list):
+            try:
+                new = jsonpatch.apply_patch(old, request.data)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e))
+        else:
+            new = copy.deepcopy(old)
+            _apply_merge(new, request.data or {})
+        if request.subresource == "status":  # only status changes through /status
+            new = {**old, "status": new.get("status")}
+        elif request.subresource is None and new.get("spec") != old.get("spec"):
+            new.setdefault("metadata", {})["generation"] = old.get("metadata", {}).get("generation", 1) + 1
+        new.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+        return _with_data(request, _merge_diff(old, new))
+
+    async def _serve_list(self, request: kmock.Request):
+        result = await super()._serve_list(request)
+        result["metadata"]["resourceVersion"] = str(self._latest)
+        return result
+
+    async def _serve_watch(self, request: kmock.Request):
+        since = int(request.params.get("resourceVersion") or 0)
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and _rv(event.get("object", {})) <= since:
+                continue  # kmock replays every object on each watch; the client listed those already
+            yield event
+
+
+def _with_data(request: kmock.Request, data: Any) -> kmock.Request:
+    # attrs.evolve() yields a Request that no kmock reaction matches, so swap the payload in place
+    object.__setattr__(request, "data", data)
+    return request
+
+
+def _apply_merge(target: dict, patch: dict) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _apply_merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _register(kube: KubeEmulator) -> None:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    names = crd["spec"]["names"]
+    kube.resources[CR] = kmock.ResourceInfo(
+        kind=names["kind"], singular=names["singular"], shortnames=names["shortNames"], namespaced=True,
+        subresources={"status", "scale"}, verbs={"list", "watch", "get", "patch", "create", "delete"},
+    )  # fmt: skip
+    for plural, kind, namespaced in [("pods", "Pod", True), ("services", "Service", True),
+                                     ("configmaps", "ConfigMap", True), ("events", "Event", True),
+                                     ("namespaces", "Namespace", False)]:  # fmt: skip
+        kube.resources[f"v1/{plural}"] = kmock.ResourceInfo(
+            kind=kind, namespaced=namespaced, verbs={"list", "watch", "get", "patch", "create", "delete"}
+        )
+    kube.objects["v1/namespaces", None, NAMESPACE] = {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "resourceVersion": "0"}
+    }  # fmt: skip
+
+
+class Cluster:
+    """Test-side access to the emulated cluster: objects as the operator left them, and pod readiness."""
+
+    namespace = NAMESPACE
+    eventually = staticmethod(lambda check, timeout=15.0: eventually(check, timeout))
+
+    def __init__(self, kube: KubeEmulator, server: kmock.Server) -> None:
+        self.kube = kube
+        self.server = server
+
+    def _live(self, resource: str) -> dict[str, dict]:
+        return {
+            key[2]: obj.raw
+            for key, obj in self.kube.objects.items()
+            if key[0] == kmock.resource(resource) and key[1] == NAMESPACE and not obj.deleted
+        }
+
+    def pods(self) -> dict[str, dict]:
+        return self._live("v1/pods")
+
+    def services(self) -> dict[str, dict]:
+        return self._live("v1/services")
+
+    def configmaps(self) -> dict[str, dict]:
+        return self._live("v1/configmaps")
+
+    def events(self) -> list[dict]:
+        return list(self._live("v1/events").values())
+
+    def target(self, name: str) -> dict:
+        return self._live(CR)[name]
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json"):
+        headers = {"Content-Type": content_type}
+        async with self.server.client.request(method, path, json=body, headers=headers) as resp:
+            payload = await resp.json()
+            assert resp.status < 300, (resp.status, payload.get("message"), payload.get("details"))
+            return payload
+
+    async def create_target(self, name: str, spec: dict) -> dict:
+        body = {"apiVersion": "eagle3.dev/v1alpha1", "kind": "Eagle3Target",
+                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
+        return await self.request("POST", f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets", body)
+
+    async def patch_target(self, name: str, patch: dict) -> dict:
+        path = f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets/{name}"
+        return await self.request("PATCH", path, patch, "application/merge-patch+json")
+
+    async def set_pod_ready(self, name: str, ip: str, ready: bool = True) -> None:
+        """What the kubelet would report; here a stand-in pod IP on loopback."""
+        status = {"phase": "Running", "podIP": ip,
+                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}  # fmt: skip
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status"
+        await self.request("PATCH", path, {"status": status}, "application/merge-patch+json")
+
+    async def delete_pod(self, name: str) -> None:
+        await self.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+
+
+async def eventually(check, timeout: float = 15.0, interval: float = 0.05):
+    """Poll `check()` until it returns a truthy value (returned) or fails with its last AssertionError."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+            error = AssertionError(f"{check.__name__} stayed falsy")
+        except AssertionError as e:
+            error = e
+        if asyncio.get_running_loop().time() > deadline:
+            raise error
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+async def cluster(tmp_path, monkeypatch):
+    async with KubeEmulator() as kube, kmock.Server(kube) as server:
+        _register(kube)
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": str(server.url).rstrip("/")}}],
+            "users": [{"name": "kmock", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NAMESPACE}}],
+        }  # fmt: skip
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield Cluster(kube, server)
+
+
+@pytest.fixture
+async def operator(cluster):
+    """The operator's real handlers in kopf, until the test ends. kopf gets its own thread and event loop:
+    on exit it cancels every task of its loop that it did not start, pytest's teardown included."""
+    import kopf
+
+    import eagle3_target.operator.handlers  # noqa: F401  (registers the handlers)
+
+    ready, stop = threading.Event(), threading.Event()
+    memo = kopf.Memo(default_image="registry.test/eagle3-target:test")
+    coro = kopf.operator(clusterwide=True, standalone=True, ready_flag=ready, stop_flag=stop, memo=memo)
+    thread = threading.Thread(target=asyncio.run, args=(coro,), name="kopf", daemon=True)
+    thread.start()
+    assert await asyncio.to_thread(ready.wait, 15), "the operator did not start"
+    yield cluster
+    stop.set()
+    await asyncio.to_thread(thread.join, 30)
+    assert not thread.is_alive(), "the operator did not stop"
