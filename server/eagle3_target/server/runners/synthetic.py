@@ -40,8 +40,11 @@ class SyntheticRunner:
             config={"hidden_size": hidden_size, "vocab_size": vocab_size, "num_hidden_layers": num_hidden_layers},
         )
         self.forward_delay = forward_delay
-        self._vocab_ramp = torch.arange(vocab_size, device=device)
-        self._aux_ramp = torch.arange(3 * hidden_size, device=device)
+        # Row r of each table is the output for any token id congruent to r: a forward is one gather.
+        self._logits_table = ((torch.arange(101, device=device)[:, None] * 31 + torch.arange(vocab_size, device=device))
+                              % 101).to(torch_dtype)  # fmt: skip
+        self._aux_table = ((torch.arange(89, device=device)[:, None] + torch.arange(3 * hidden_size, device=device))
+                           % 89).to(torch_dtype)  # fmt: skip
         self._embeddings = (torch.arange(vocab_size * hidden_size, device=device) % 97).view(
             vocab_size, hidden_size
         ).to(torch_dtype)
@@ -50,10 +53,8 @@ class SyntheticRunner:
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.forward_delay:
             time.sleep(self.forward_delay)
-        ids = input_ids.unsqueeze(-1)
-        logits = ((ids * 31 + self._vocab_ramp) % 101).to(self.info.dtype)
-        aux = ((ids + self._aux_ramp) % 89).to(self.info.dtype)
-        return logits, aux
+        # logits[b, s, v] = (id * 31 + v) % 101 and aux[b, s, j] = (id + j) % 89, looked up by id mod table size.
+        return self._logits_table[input_ids % 101], self._aux_table[input_ids % 89]
 
     def input_embeddings(self) -> torch.Tensor:
         return self._embeddings

@@ -1,0 +1,146 @@
+"""Loopback /generate throughput on the wire path, against raw TCP moving the same bytes in the same run.
+
+    python bench/wire_throughput.py [--repeats 7] [--shapes 8b small]
+
+The server runs in its own process with the synthetic runner (no model). A response's
+transfer time is the client's round trip minus the server's compute phases, which the
+server reports in its Server-Timing header (decode, forward, projection, encode): what is
+left is sending, receiving and decoding the body into tensors, the part the wire format
+and HTTP stack are responsible for. The baseline is one socket.sendall of a
+preallocated buffer into recv_into on the other side, between two processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import socket
+import statistics
+import time
+
+import aiohttp
+import torch
+
+from eagle3_target.client.connection import parse_server_timing, read_body
+from eagle3_target.protocol import wire
+
+SHAPES = {
+    # B, S, hidden, vocab, draft vocab: Llama-3.1-8B's supervision for one 2048-token sequence is 312.5 MB.
+    "8b": dict(batch=1, seq=2048, hidden=4096, vocab=32000, draft=32000),
+    "small": dict(batch=1, seq=512, hidden=2048, vocab=8192, draft=8192),
+}
+COMPUTE_PHASES = ("decode", "forward", "projection", "encode")
+
+
+def _tcp_sender(port_queue, nbytes: int, repeats: int) -> None:
+    payload = memoryview(bytearray(nbytes))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port_queue.put(listener.getsockname()[1])
+        conn, _ = listener.accept()
+        with conn:
+            for _ in range(repeats):
+                conn.recv(1)
+                conn.sendall(payload)
+
+
+def raw_tcp_seconds(nbytes: int, repeats: int) -> list[float]:
+    ports = mp.Queue()
+    sender = mp.Process(target=_tcp_sender, args=(ports, nbytes, repeats))
+    sender.start()
+    buf = memoryview(bytearray(nbytes))
+    times = []
+    with socket.create_connection(("127.0.0.1", ports.get(timeout=30))) as sock:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            sock.sendall(b"x")
+            got = 0
+            while got < nbytes:
+                got += sock.recv_into(buf[got:])
+            times.append(time.perf_counter() - start)
+    sender.join(30)
+    return times
+
+
+def _serve(port_queue, shape: dict) -> None:
+    from aiohttp import web
+
+    from eagle3_target.server.app import TargetServer
+    from eagle3_target.server.runners.synthetic import SyntheticRunner
+
+    async def main():
+        server = TargetServer(lambda: SyntheticRunner(hidden_size=shape["hidden"], vocab_size=shape["vocab"],
+                                                      num_hidden_layers=32, dtype="bfloat16"))  # fmt: skip
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port_queue.put(runner.addresses[0][1])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def http_generate(url: str, shape: dict, repeats: int) -> tuple[int, list[float], list[float]]:
+    """Returns (response bytes, round-trip seconds, transfer seconds) per repeat."""
+    ids = torch.randperm(shape["vocab"])[: shape["draft"]]
+    mask = torch.zeros(shape["vocab"], dtype=torch.bool)
+    mask[ids] = True
+    input_ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
+    request = wire.encode({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                           "loss_mask": torch.ones_like(input_ids)})  # fmt: skip
+    rounds, transfers, nbytes = [], [], 0
+    async with aiohttp.ClientSession(trust_env=False) as http:
+        while True:
+            async with http.get(f"{url}/health") as resp:
+                if resp.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+        vocab = wire.encode({"selected_token_ids": ids, "selected_token_mask": mask})
+        async with http.post(f"{url}/set_vocab_mapping", data=vocab) as resp:
+            assert resp.status == 200, await resp.text()
+        for _ in range(repeats + 1):  # the first round warms both sides up
+            start = time.perf_counter()
+            async with http.post(f"{url}/generate", data=request) as resp:
+                assert resp.status == 200, await resp.text()
+                body = await read_body(resp)
+                timing = parse_server_timing(resp.headers["Server-Timing"])
+            out = wire.decode(body)
+            elapsed = time.perf_counter() - start
+            nbytes = len(body)
+            assert out["target_probs"].shape == (shape["batch"], shape["seq"], shape["draft"])
+            compute = sum(timing[p] for p in COMPUTE_PHASES)
+            rounds.append(elapsed)
+            transfers.append(elapsed - compute)
+            del out, body
+    return nbytes, rounds[1:], transfers[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    args = parser.parse_args()
+    mp.set_start_method("spawn")
+    print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, {args.repeats} repeats, medians")
+    print(f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
+          f"{'end-to-end MB/s':>16}")  # fmt: skip
+    for name in args.shapes:
+        shape = SHAPES[name]
+        ports = mp.Queue()
+        server = mp.Process(target=_serve, args=(ports, shape), daemon=True)
+        server.start()
+        try:
+            url = f"http://127.0.0.1:{ports.get(timeout=60)}"
+            nbytes, rounds, transfers = asyncio.run(http_generate(url, shape, args.repeats))
+        finally:
+            server.kill()
+        tcp = statistics.median(raw_tcp_seconds(nbytes, args.repeats))
+        mb = nbytes / 1e6
+        wire_rate, tcp_rate = mb / statistics.median(transfers), mb / tcp
+        print(f"{name:6} {mb:8.1f} {tcp_rate:13.0f} {wire_rate:15.0f} {wire_rate / tcp_rate:6.2f} "
+              f"{mb / statistics.median(rounds):16.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
