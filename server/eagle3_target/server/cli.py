@@ -56,13 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_loader(args: argparse.Namespace):
     from .runners import load_runner
 
-    options = dict(dtype=args.dtype, device=args.device, aux_layer_ids=args.aux_layer_ids)
-    if args.engine == "hf":
-        options.update(model=args.model, trust_remote_code=args.trust_remote_code)
-    elif args.engine == "sglang":
-        options.update(model=args.model)
+    options = dict(model=args.model, dtype=args.dtype, device=args.device, aux_layer_ids=args.aux_layer_ids)
+    if args.engine == "synthetic":
+        options.update(forward_delay=args.forward_delay)
     else:
-        options.update(model=args.model, forward_delay=args.forward_delay)
+        options.update(trust_remote_code=args.trust_remote_code)
     return functools.partial(load_runner, args.engine, **options)
 
 
