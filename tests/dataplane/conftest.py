@@ -1,0 +1,20 @@
+"""Fixtures of the data-plane tests."""
+
+import signal
+import subprocess
+
+import pytest
+
+from .dataplane_support import start_server
+
+
+@pytest.fixture(scope="module")
+def server_process():
+    server = start_server()
+    yield server
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        server.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()

@@ -1,0 +1,103 @@
+"""Helpers: a real `eagle3-target serve` process and real client processes, on loopback, time-bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("p2p_worker.py")
+P2P_TIMEOUT = 10  # server-side rendezvous and transfer deadline
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_range(size: int = 8) -> tuple[int, int]:
+    """A base in a quiet part of the port space; ports taken by others are skipped by the server anyway."""
+    start = random.randrange(30000, 32000 - size)
+    return start, start + size - 1
+
+
+class ServerProcess:
+    def __init__(self, url: str, proc: subprocess.Popen, ports: tuple[int, int]):
+        self.url, self.proc, self.ports = url, proc, ports
+
+    def metric(self, name: str, **labels) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        pattern = rf"^{re.escape(name)}{re.escape('{' + want + '}') if want else ''} (\S+)$"
+        found = re.search(pattern, text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    def wait_metric(self, name: str, value: float, timeout: float = 15.0, **labels) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric(name, **labels) != value:
+            assert time.monotonic() < deadline, f"{name}{labels} never reached {value} (is {self.metric(name, **labels)})"
+            time.sleep(0.05)
+
+
+def start_server(*extra: str) -> ServerProcess:
+    port = free_port()
+    ports = port_range()
+    cmd = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "synthetic", "--host", "127.0.0.1",
+           "--port", str(port), "--nccl-port-range", f"{ports[0]}-{ports[1]}", "--p2p-timeout", str(P2P_TIMEOUT),
+           *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return ServerProcess(url, proc, ports)
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        assert time.monotonic() < deadline, "server did not become ready"
+        time.sleep(0.1)
+
+
+def worker(mode: str, url: str, *args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(WORKER), mode, url, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs)  # fmt: skip
+
+
+def result(proc: subprocess.Popen, timeout: float = 90.0) -> dict:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"worker timed out; stderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def read_line(proc: subprocess.Popen, expected: str, timeout: float = 60.0) -> None:
+    """Wait for ``expected`` on the worker's stdout (a reader thread keeps the wait bounded)."""
+    import threading
+
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not lines or lines[0].strip() != expected:
+        proc.kill()
+        pytest.fail(f"worker did not say {expected}: {lines}; stderr:\n{proc.stderr.read()[-3000:]}")
