@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2, "gpusPerReplica": 1, "auxLayerIds": [1, 15, 28]}
 
 
@@ -59,3 +61,142 @@ async def test_create_makes_pods_services_configmap_and_status(operator):
     assert target["status"]["endpoints"] == ["127.0.0.2:8001", "127.0.0.3:8001"]
     assert condition(target, "Progressing")["reason"] == "RolloutComplete"
     assert condition(target, "Degraded")["status"] == "False"
+
+
+async def _ready_all(operator, count: int) -> None:
+    pods = await operator.eventually(lambda: len(operator.pods()) == count and operator.pods())
+    for name in pods:
+        await operator.set_pod_ready(name, f"127.0.0.{int(name.rsplit('-', 1)[1]) + 2}")
+    await operator.eventually(lambda: operator.target("llama").get("status", {}).get("readyReplicas") == count)
+
+
+async def test_scale_up_then_down_removes_highest_ordinals(operator):
+    await operator.create_target("llama", {**SPEC, "replicas": 1})
+    await _ready_all(operator, 1)
+    first_uid = operator.pods()["llama-0"]["metadata"]["uid"]
+
+    await operator.patch_target("llama", {"spec": {"replicas": 3}})
+    pods = await operator.eventually(lambda: len(operator.pods()) == 3 and operator.pods())
+    assert sorted(pods) == ["llama-0", "llama-1", "llama-2"]
+    assert pods["llama-0"]["metadata"]["uid"] == first_uid  # scaling does not roll existing pods
+    await _ready_all(operator, 3)
+    assert condition(operator.target("llama"), "Ready")["status"] == "True"
+
+    await operator.patch_target("llama", {"spec": {"replicas": 1}})
+    await operator.eventually(lambda: sorted(operator.pods()) == ["llama-0"])
+    assert operator.pods()["llama-0"]["metadata"]["uid"] == first_uid
+
+    def settled():
+        status = operator.target("llama")["status"]
+        assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (1, 1, ["127.0.0.2:8001"])
+        assert status["observedGeneration"] == 3
+        return status
+
+    await operator.eventually(settled)
+
+
+async def test_deleted_pod_comes_back_and_status_follows(operator):
+    await operator.create_target("llama", SPEC)
+    await _ready_all(operator, 2)
+    old_uid = operator.pods()["llama-1"]["metadata"]["uid"]
+
+    await operator.delete_pod("llama-1")
+
+    def healed():
+        pod = operator.pods().get("llama-1")
+        assert pod is not None and pod["metadata"]["uid"] != old_uid
+        return pod
+
+    await operator.eventually(healed)
+
+    def degraded_readiness():
+        target = operator.target("llama")
+        assert target["status"]["readyReplicas"] == 1 and target["status"]["endpoints"] == ["127.0.0.2:8001"]
+        assert condition(target, "Ready")["status"] == "False"
+        return target
+
+    await operator.eventually(degraded_readiness)
+    await operator.set_pod_ready("llama-1", "127.0.0.3")
+    await operator.eventually(lambda: condition(operator.target("llama"), "Ready")["status"] == "True")
+
+
+async def test_spec_change_replaces_pods_one_at_a_time(operator):
+    await operator.create_target("llama", SPEC)
+    await _ready_all(operator, 2)
+    uids = {name: pod["metadata"]["uid"] for name, pod in operator.pods().items()}
+
+    await operator.patch_target("llama", {"spec": {"dtype": "bfloat16"}})
+
+    def first_replaced():  # the highest ordinal goes first; the other keeps serving meanwhile
+        pods = operator.pods()
+        assert "llama-1" in pods and pods["llama-1"]["metadata"]["uid"] != uids["llama-1"]
+        return pods
+
+    pods = await operator.eventually(first_replaced)
+    assert "bfloat16" in pods["llama-1"]["spec"]["containers"][0]["args"]
+    await operator.eventually(lambda: condition(operator.target("llama"), "Progressing")["reason"] == "RollingUpdate")
+
+    await asyncio.sleep(1.0)  # five timer ticks: llama-0 must wait for llama-1 to become ready
+    assert operator.pods()["llama-0"]["metadata"]["uid"] == uids["llama-0"]
+
+    await operator.set_pod_ready("llama-1", "127.0.0.3")
+
+    def second_replaced():
+        pod = operator.pods().get("llama-0")
+        assert pod is not None and pod["metadata"]["uid"] != uids["llama-0"]
+        return pod
+
+    assert "bfloat16" in (await operator.eventually(second_replaced))["spec"]["containers"][0]["args"]
+    await operator.set_pod_ready("llama-0", "127.0.0.2")
+
+    def complete():
+        target = operator.target("llama")
+        assert condition(target, "Progressing")["reason"] == "RolloutComplete"
+        assert condition(target, "Ready")["status"] == "True" and target["status"]["observedGeneration"] == 2
+        return target
+
+    await operator.eventually(complete)
+
+
+async def test_invalid_spec_sets_degraded_with_event_and_churns_nothing(operator):
+    await operator.create_target("llama", SPEC)
+    await _ready_all(operator, 2)
+    before = {name: pod["metadata"]["uid"] for name, pod in operator.pods().items()}
+
+    await operator.patch_target("llama", {"spec": {"auxLayerIds": [3, 3, 7], "replicas": 4}})
+
+    def invalid():
+        target = operator.target("llama")
+        degraded = condition(target, "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+        assert "duplicates" in degraded["message"]
+        assert condition(target, "Ready")["reason"] == "InvalidSpec"
+        return target
+
+    await operator.eventually(invalid)
+    events = await operator.eventually(lambda: [e for e in operator.events() if e.get("reason") == "InvalidSpec"])
+    assert events[0]["type"] == "Warning" and "duplicates" in events[0]["message"]
+    await asyncio.sleep(0.6)  # a few timer ticks: neither pods nor events churn
+    assert {name: pod["metadata"]["uid"] for name, pod in operator.pods().items()} == before
+    assert len([e for e in operator.events() if e.get("reason") == "InvalidSpec"]) == 1
+
+    await operator.patch_target("llama", {"spec": {"auxLayerIds": [3, 5, 7], "replicas": 2}})
+    await operator.eventually(lambda: condition(operator.target("llama"), "Degraded")["status"] == "False")
+
+
+async def test_host_network_ports_per_replica_and_too_small_range(operator):
+    spec = {**SPEC, "hostNetwork": True, "ports": {"http": 9000, "nccl": {"start": 30000, "end": 30015, "perReplica": 8}}}
+    await operator.create_target("llama", spec)
+    pods = await operator.eventually(lambda: len(operator.pods()) == 2 and operator.pods())
+    for ordinal in (0, 1):
+        pod = pods[f"llama-{ordinal}"]
+        assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+        ports = {p["name"]: (p["containerPort"], p["hostPort"]) for p in pod["spec"]["containers"][0]["ports"]}
+        assert ports["http"] == (9000 + ordinal, 9000 + ordinal)
+        assert ports["nccl"] == (30000 + 8 * ordinal,) * 2 and len(ports) == 9
+
+    await operator.patch_target("llama", {"spec": {"replicas": 3}})  # 3 x 8 ports > 16
+    await operator.eventually(lambda: condition(operator.target("llama"), "Degraded")["reason"] == "InvalidSpec")
+    assert "too small" in condition(operator.target("llama"), "Degraded")["message"]
+    await asyncio.sleep(0.5)
+    assert sorted(operator.pods()) == ["llama-0", "llama-1"]

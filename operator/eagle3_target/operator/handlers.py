@@ -23,6 +23,12 @@ DEFAULT_IMAGE = "ghcr.io/eagle3-target/eagle3-target:0.1.0"
 log = logging.getLogger(__name__)
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: its service account; elsewhere: $KUBECONFIG (read on each login, unlike kubernetes-client)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # kopf's bookkeeping lives in annotations under our group, so the status stays exactly our schema
