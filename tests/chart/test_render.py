@@ -157,7 +157,9 @@ def test_defaults_install_crd_operator_and_a_gpu_fleet(renders):
     deployment = one(objects, "Deployment", f"{RELEASE}-operator")
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["eagle3-target", "operator"]
+    assert container["command"] == ["eagle3-target"]
+    assert container["args"] == ["--log-level=INFO", "operator", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert {"name": "EAGLE3_TARGET_IMAGE", "value": "ghcr.io/eagle3-target/eagle3-target:0.1.0"} in container["env"]
     spec = one(objects, "Eagle3Target", TARGET)["spec"]
     assert spec["replicas"] == 1 and spec["gpusPerReplica"] == 1 and spec["hostNetwork"] is False
     assert spec["ports"] == {"http": 8001, "nccl": {"start": 29500, "end": 29755, "perReplica": 8}}
@@ -311,3 +313,19 @@ def test_helm_test_pod_reaches_every_replica_through_the_services(renders):
     everything = one(renders["everything"], "Pod")["spec"]
     assert everything["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert everything["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
+def test_the_operator_cli_accepts_the_rendered_arguments(renders, monkeypatch):
+    from eagle3_target import cli
+    from eagle3_target.operator import cli as operator_cli
+
+    parsed = []
+    monkeypatch.setattr(operator_cli, "run", lambda args: parsed.append(args) or 0)
+    for render_name in ("defaults", "watchNamespaces"):
+        container = one(renders[render_name], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["eagle3-target"]
+        assert cli.main(container["args"]) == 0, render_name
+    cluster_wide, scoped = parsed
+    assert cluster_wide.all_namespaces and not cluster_wide.namespace
+    assert scoped.namespace == ["trainers", "research"]
+    assert cluster_wide.liveness == "http://0.0.0.0:8080/healthz"
