@@ -1,0 +1,183 @@
+"""Pure builders and decisions: spec parsing and checks, children, rollout planning, conditions."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3_target.operator import builders
+from eagle3_target.operator.spec import InvalidSpec, TargetSpec
+from eagle3_target.operator.status import PodState, compute_status, merge_conditions, plan
+
+IMAGE = "registry.test/eagle3-target:test"
+
+
+def target(**spec) -> TargetSpec:
+    return TargetSpec.parse({"model": "org/model", **spec})
+
+
+def test_pod_runs_serve_with_probes_gpu_limit_and_restricted_security():
+    spec = target(auxLayerIds=[2, 10, 20], authTokenSecret={"name": "tok"}, resources={"limits": {"memory": "8Gi"}})
+    pod = builders.pod(spec, "llama", "ml", 0, IMAGE)
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["eagle3-target", "serve"]
+    assert container["args"] == [
+        "--model", "org/model", "--engine", "hf", "--dtype", "auto", "--device", "cuda", "--host", "$(POD_IP)",
+        "--port", "8001", "--nccl-port-range", "29500-29507", "--aux-layer-ids", "2,10,20",
+        "--auth-token-file", "/var/run/eagle3-target/token",
+    ]  # fmt: skip
+    assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": 1}
+    assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 1800
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EAGLE3_TARGET_HTTP_PORT"] == "8001" and env["EAGLE3_TARGET_NCCL_PORT_RANGE"] == "29500-29507"
+    secret = next(v for v in pod["spec"]["volumes"] if v["name"] == "auth-token")["secret"]
+    assert secret == {"secretName": "tok", "items": [{"key": "token", "path": "token"}]}
+    assert "hostNetwork" not in pod["spec"]
+
+
+def test_cpu_target_has_no_gpu_limit_and_runs_on_cpu():
+    container = builders.pod(target(gpusPerReplica=0), "t", "ml", 0, IMAGE)["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert container["args"][container["args"].index("--device") + 1] == "cpu"
+
+
+def test_host_network_gives_each_ordinal_its_own_ports():
+    spec = target(hostNetwork=True, replicas=8, ports={"http": 8100, "nccl": {"start": 29500, "end": 29563, "perReplica": 8}})
+    assert spec.problems() == []
+    seen: set[int] = set()
+    for ordinal in range(8):
+        pod = builders.pod(spec, "t", "ml", ordinal, IMAGE)
+        ports = pod["spec"]["containers"][0]["ports"]
+        assert all(p["hostPort"] == p["containerPort"] for p in ports)
+        numbers = {p["containerPort"] for p in ports}
+        assert not numbers & seen  # eight one-GPU pods can share one node
+        seen |= numbers
+        assert ports[0] == {"name": "http", "containerPort": 8100 + ordinal, "protocol": "TCP", "hostPort": 8100 + ordinal}
+        assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+def test_pod_template_depends_on_ordinal_not_on_replicas():
+    one, three = target(replicas=1), target(replicas=3)
+    assert builders.pod(one, "t", "ml", 0, IMAGE) == builders.pod(three, "t", "ml", 0, IMAGE)
+    changed = builders.pod(target(dtype="bfloat16"), "t", "ml", 0, IMAGE)
+    key = builders.HASH_ANNOTATION
+    assert changed["metadata"]["annotations"][key] != builders.pod(one, "t", "ml", 0, IMAGE)["metadata"]["annotations"][key]
+
+
+def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
+    spec = target()
+    service, peers, configmap = builders.children(spec, "llama", "ml")
+    for svc in (service, peers):
+        assert svc["spec"]["clusterIP"] == "None"
+        assert [(p["name"], p["targetPort"]) for p in svc["spec"]["ports"]] == [("http", "http"), ("nccl", "nccl")]
+        assert svc["spec"]["selector"] == builders.selector("llama")
+    assert (service["spec"]["publishNotReadyAddresses"], peers["spec"]["publishNotReadyAddresses"]) == (False, True)
+    assert peers["metadata"]["name"] == "llama-peers"
+    assert configmap["metadata"]["name"] == "llama-client"
+    assert configmap["data"] == {
+        "EAGLE3_TARGET_SERVICE": "srv://_http._tcp.llama.ml.svc.cluster.local",
+        "EAGLE3_TARGET_SERVICE_DNS": "dns://llama.ml.svc.cluster.local:8001",
+    }
+    labels = service["metadata"]["labels"]
+    assert {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+            "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by"} <= set(labels)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"auxLayerIds": [1, 1, 2]}, "duplicates"),
+        ({"hostNetwork": True, "replicas": 40}, "too small"),
+        ({"ports": {"nccl": {"start": 29600, "end": 29500}}}, "below"),
+        ({"ports": {"http": 29501}}, "overlap"),
+        ({"engine": "sglang", "gpusPerReplica": 0}, "sglang"),
+        ({"engine": "vllm"}, "engine"),
+        ({"modelVolume": {"mountPath": "/m"}}, "modelVolume"),
+        ({"hostNetwork": True, "replicas": 3, "ports": {"http": 65534}}, "65535"),
+    ],
+)
+def test_semantic_problems_are_named(spec, fragment):
+    problems = target(**spec).problems()
+    assert problems and any(fragment in p for p in problems), problems
+
+
+def test_malformed_spec_raises_invalid_spec():
+    with pytest.raises(InvalidSpec):
+        TargetSpec.parse({"model": "m", "replicas": "many"})
+    with pytest.raises(InvalidSpec):
+        TargetSpec.parse({})
+
+
+def pod_state(ordinal: int, spec_hash: str = "new", ready: bool = True, **kw) -> PodState:
+    fields = dict(name=f"t-{ordinal}", ordinal=ordinal, spec_hash=spec_hash, ready=ready, ip=f"127.0.0.{ordinal + 2}",
+                  http_port=8001, phase="Running", terminating=False, failing_reason=None)  # fmt: skip
+    return PodState(**{**fields, **kw})
+
+
+HASHES = {i: "new" for i in range(4)}
+
+
+def test_plan_creates_missing_and_deletes_extras_highest_first():
+    step = plan([pod_state(0), pod_state(3), pod_state(5)], 3, {i: "new" for i in range(3)})
+    assert step.create == [1, 2]
+    assert step.delete == ["t-5", "t-3"]
+
+
+def test_plan_rolls_one_outdated_pod_only_when_the_rest_is_ready():
+    pods = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "old")]
+    assert plan(pods, 3, HASHES).delete == ["t-2"]
+    waiting = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "new", ready=False)]
+    assert plan(waiting, 3, HASHES).delete == [] and plan(waiting, 3, HASHES).rolling
+    missing = [pod_state(0, "old"), pod_state(1, "old")]
+    assert plan(missing, 3, HASHES).delete == [] and plan(missing, 3, HASHES).create == [2]
+    broken_old = [pod_state(0, "old"), pod_state(1, "old", ready=False), pod_state(2, "new")]
+    assert plan(broken_old, 3, HASHES).delete == ["t-1"]  # an unready outdated pod costs no availability
+
+
+def test_plan_waits_for_terminating_pods():
+    pods = [pod_state(0, "old"), pod_state(1, "new", terminating=True)]
+    step = plan(pods, 2, HASHES)
+    assert step.create == [] and step.delete == []
+
+
+def test_plan_replaces_failed_pods():
+    assert plan([pod_state(0, phase="Failed", ready=False)], 1, HASHES).delete == ["t-0"]
+
+
+def test_pod_state_reads_readiness_ports_and_failures():
+    pod = builders.pod(target(), "t", "ml", 0, IMAGE)
+    pod["status"] = {"phase": "Running", "podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}
+    state = PodState.from_pod(pod)
+    assert (state.ordinal, state.ready, state.endpoint) == (0, True, "127.0.0.2:8001")
+    assert state.spec_hash == pod["metadata"]["annotations"][builders.HASH_ANNOTATION]
+    pod["status"]["containerStatuses"] = [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]
+    assert PodState.from_pod(pod).failing_reason == "CrashLoopBackOff"
+
+
+def test_last_transition_time_moves_only_when_status_flips():
+    before = [{"type": "Ready", "status": "False", "reason": "PodsStarting", "lastTransitionTime": "T0"}]
+    same = merge_conditions(before, [{"type": "Ready", "status": "False", "reason": "ModelLoading"}], "T1")
+    assert same[0]["lastTransitionTime"] == "T0" and same[0]["reason"] == "ModelLoading"
+    flipped = merge_conditions(before, [{"type": "Ready", "status": "True", "reason": "AllTargetsReady"}], "T2")
+    assert flipped[0]["lastTransitionTime"] == "T2"
+
+
+def test_status_counts_endpoints_and_degraded():
+    pods = [pod_state(0), pod_state(1, ready=False, failing_reason="CrashLoopBackOff")]
+    status = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=[], generation=4,
+                            selector="s", previous=None, timestamp="T")  # fmt: skip
+    assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (2, 1, ["127.0.0.2:8001"])
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "ModelLoading"
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "PodsFailing")
+    assert all(c["observedGeneration"] == 4 and c["lastTransitionTime"] == "T" for c in conditions.values())
+    again = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=[], generation=4,
+                           selector="s", previous=status, timestamp="later")  # fmt: skip
+    assert again == status  # an unchanged world is not re-patched

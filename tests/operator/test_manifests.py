@@ -1,0 +1,123 @@
+"""The CRD and the plain manifests: schema shape, examples valid against it, defaults agreeing with the
+operator's, least-privilege RBAC, and an operator that imports no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from eagle3_target.operator import builders
+from eagle3_target.operator.spec import TargetSpec
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+
+
+def load_all(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict:
+    return load_all("crd.yaml")[0]
+
+
+@pytest.fixture(scope="module")
+def schema(crd) -> dict:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def validator(schema: dict) -> jsonschema.Draft7Validator:
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def apply_defaults(schema: dict, value):
+    """What the API server's structural defaulting does: fill absent fields, recursively."""
+    if schema.get("type") == "object" and isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = yaml.safe_load(yaml.safe_dump(sub["default"]))
+            if key in value:
+                apply_defaults(sub, value[key])
+    return value
+
+
+def test_crd_identity_subresources_and_columns(crd):
+    assert crd["metadata"]["name"] == "eagle3targets.eagle3.dev"
+    assert crd["spec"]["scope"] == "Namespaced" and crd["spec"]["names"]["shortNames"] == ["e3t"]
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }  # fmt: skip
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Ready", "Reason", "Desired", "ReadyReplicas", "Model", "Age",
+    ]  # fmt: skip
+
+
+def test_example_target_is_valid_and_bad_ones_are_not(schema):
+    check = validator(schema)
+    example = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
+    check.validate(example)
+    for bad in ({"engine": "vllm"}, {"replicas": -1}, {"auxLayerIds": [1, 2]}, {"ports": {"http": 80}},
+                {"dtype": "int8"}, {"gpusPerReplica": 17}):  # fmt: skip
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate({**example, "spec": {**example["spec"], **bad}})
+    with pytest.raises(jsonschema.ValidationError):
+        check.validate({**example, "spec": {"replicas": 1}})  # model is required
+
+
+def test_operator_status_validates_against_the_schema(schema):
+    spec = TargetSpec.parse({"model": "m"})
+    from eagle3_target.operator.status import PodState, compute_status
+
+    pod = builders.pod(spec, "t", "ml", 0, "img")
+    pod["status"] = {"podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}
+    status = compute_status(name="t", pods=[PodState.from_pod(pod)], replicas=1, hashes={0: "x"}, problems=[],
+                            generation=1, selector=builders.selector_string("t"), previous=None)  # fmt: skip
+    validator(schema).validate({"spec": {"model": "m"}, "status": status})
+
+
+def test_schema_defaults_equal_the_operators_defaults(schema):
+    defaulted = apply_defaults(schema["properties"]["spec"], {"model": "m"})
+    assert TargetSpec.parse(defaulted) == TargetSpec.parse({"model": "m"})
+    assert defaulted["probes"]["startup"]["failureThreshold"] * defaulted["probes"]["startup"]["periodSeconds"] >= 1800
+
+
+def test_rbac_grants_only_what_the_operator_uses():
+    role = next(d for d in load_all("rbac.yaml") if d["kind"] == "ClusterRole")
+    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert grants[("", "pods")] == {"list", "watch", "create", "delete"}
+    assert grants[("eagle3.dev", "eagle3targets/status")] == {"get", "patch"}
+    assert all("*" not in verbs for verbs in grants.values())
+    assert not any(r in ("secrets", "nodes") for _, r in grants)
+
+
+def test_operator_deployment_is_single_recreate_with_liveness():
+    deployment = next(d for d in load_all("operator.yaml") if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "http://0.0.0.0:8080/healthz" in container["args"]
+
+
+def test_trainer_job_probes_the_published_service():
+    job = load_all("example-trainer-job.yaml")[0]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["eagle3-target", "probe", "$(EAGLE3_TARGET_SERVICE)"]
+    assert container["envFrom"] == [{"configMapRef": {"name": builders.client_configmap_name("llama")}}]
+
+
+def test_operator_imports_no_torch():
+    code = (
+        "import sys\n"
+        "import eagle3_target.cli, eagle3_target.operator.cli, eagle3_target.operator.handlers\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
