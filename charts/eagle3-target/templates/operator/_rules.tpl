@@ -1,18 +1,18 @@
-{{/* The operator's namespaced permissions; keep in step with manifests/rbac.yaml. */}}
+{{/* The operator's namespaced permissions: the same rules as manifests/rbac.yaml (a test compares them). */}}
 {{- define "eagle3-target.operator.rules" -}}
 - apiGroups: [eagle3.dev]
   resources: [eagle3targets]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
 - apiGroups: [eagle3.dev]
   resources: [eagle3targets/status]
-  verbs: [get, patch, update]
+  verbs: [get, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, watch, create, delete]
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, create, patch]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}
