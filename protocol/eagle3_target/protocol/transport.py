@@ -124,8 +124,11 @@ class PeerGroup:
         try:
             pg = _backend(store, SERVER_RANK, backend, name, address, delta)
         except RuntimeError as exc:
-            raise TransferError(f"rendezvous on {address}:{port} failed: {exc}") from exc
-        return cls(pg, store, rank=SERVER_RANK, backend=backend, name=name, device=torch.device(device))
+            error = f"rendezvous on {address}:{port} failed: {exc}"
+        else:
+            return cls(pg, store, rank=SERVER_RANK, backend=backend, name=name, device=torch.device(device))
+        store = None  # raised without a chained traceback, so nothing keeps the store's port open
+        raise TransferError(error)
 
     @classmethod
     def join(cls, host: str, port: int, backend: str, timeout: float, device: str = "cpu") -> "PeerGroup":
@@ -135,9 +138,12 @@ class PeerGroup:
         try:
             store = TCPStore(host, port, 2, False, delta)
             pg = _backend(store, CLIENT_RANK, backend, name, local_address_towards(host), delta)
-        except RuntimeError as exc:  # torch's DistNetworkError and DistStoreError are RuntimeErrors
-            raise TransferError(f"rendezvous with {host}:{port} failed: {exc}") from exc
-        return cls(pg, store, rank=CLIENT_RANK, backend=backend, name=name, device=torch.device(device))
+        except (RuntimeError, OSError) as exc:  # torch's DistNetworkError and DistStoreError are RuntimeErrors
+            error = f"rendezvous with {host}:{port} failed: {exc}"
+        else:
+            return cls(pg, store, rank=CLIENT_RANK, backend=backend, name=name, device=torch.device(device))
+        store = None  # as in host(): let the store's connection go now
+        raise TransferError(error)
 
     @property
     def peer(self) -> int:

@@ -1,0 +1,133 @@
+"""/init_nccl, port allocation, sequence numbers and teardown against an in-process server (gloo on CPU)."""
+
+import asyncio
+import json
+import socket
+
+import pytest
+import torch
+
+from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol.transport import PeerGroup, TransferError, listen
+from eagle3_target.server.app import ServerOptions
+from eagle3_target.server.dataplane import PortRange
+from eagle3_target.server.runners.synthetic import SyntheticRunner
+from target_support import generate_body, serve, vocab_body
+
+from .dataplane_support import port_range
+
+V = 512
+
+
+def options(**kw) -> ServerOptions:
+    return ServerOptions(nccl_port_range=PortRange(*port_range()), p2p_timeout=3.0, **kw)
+
+
+async def init(srv, session: str, body: dict | bytes, host_header=None) -> dict:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = await srv.http.post(f"{srv.url}/init_nccl", data=data, headers={spec.SESSION_HEADER: session})
+    async with resp:
+        return {"status_code": resp.status, **(await resp.json())}
+
+
+async def joined(reply: dict) -> PeerGroup:
+    return await asyncio.to_thread(PeerGroup.join, reply["host"], reply["nccl_port"], "gloo", 5.0)
+
+
+async def session_with_vocab(srv, session: str) -> dict:
+    ids = torch.arange(0, V, 5)
+    mask = torch.zeros(V, dtype=torch.bool)
+    mask[ids] = True
+    resp = await srv.post("set_vocab_mapping", vocab_body(ids, mask), headers={spec.SESSION_HEADER: session})
+    assert resp.status == 200
+    return {spec.SESSION_HEADER: session}
+
+
+async def test_nemo_replies_stay_exact_and_bad_bodies_get_400():
+    async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
+        # A NeMo client asks for NCCL; a CPU server offers gloo only: NeMo's exact "disabled" bytes.
+        async with srv.http.post(f"{srv.url}/init_nccl", data=b'{"nccl_port": 9}') as resp:
+            assert resp.status == 200 and await resp.read() == b'{"status": "disabled"}'
+        for body in (b"not json", b"[1]", b'{"nccl_port": "x"}', b'{"nccl_port": 70000}', b'{"backend": 3}'):
+            reply = await init(srv, "s", body)
+            assert reply["status_code"] == 400 and reply["error"].startswith("bad_"), body
+    async with serve(lambda: SyntheticRunner(vocab_size=V), options(p2p=False)) as srv:
+        assert (await init(srv, "s", {"backend": "gloo"}))["status"] == "disabled"
+        info = await (await srv.http.post(f"{srv.url}/model_info")).json()
+        assert info["p2p"] == {"backend": None}
+
+
+async def test_ports_come_from_the_range_skip_taken_ones_and_bind_the_pod_address():
+    ports = port_range()
+    squatter = socket.socket()  # another pod on this node (hostNetwork) holds the first port
+    squatter.bind(("127.0.0.2", ports[0]))
+    squatter.listen()
+    try:
+        opts = ServerOptions(nccl_port_range=PortRange(*ports), nccl_port=ports[0], p2p_timeout=3.0)
+        async with serve(lambda: SyntheticRunner(vocab_size=V), opts, host="127.0.0.2") as srv:
+            info = await (await srv.http.post(f"{srv.url}/model_info")).json()
+            assert info["p2p"] == {"backend": "gloo", "port_range": list(ports)}
+            a, b = await init(srv, "a", {"backend": "gloo"}), await init(srv, "b", {"backend": "gloo"})
+            assert a["status"] == b["status"] == "ok" and a["host"] == b["host"] == "127.0.0.2"
+            assert a["group_name"] == f"nemo_eagle_target_transfer_{a['nccl_port']}"
+            assert {a["nccl_port"], b["nccl_port"]} == {ports[0] + 1, ports[0] + 2}
+            with pytest.raises(ConnectionRefusedError):  # bound on the pod address only
+                socket.create_connection(("127.0.0.1", a["nccl_port"]), timeout=2).close()
+            groups = await asyncio.gather(joined(a), joined(b))
+            for group in groups:
+                group.close()
+    finally:
+        squatter.close()
+
+
+async def test_unjoined_group_is_torn_down_and_generate_falls_back_to_the_wire():
+    async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
+        headers = await session_with_vocab(srv, "lonely")
+        reply = await init(srv, "lonely", {"backend": "gloo"})
+        assert reply["status"] == "ok"
+        # Nobody joins: the request waits out the rendezvous, then gets the wire blob without the echo.
+        async with srv.http.post(f"{srv.url}/generate", data=generate_body(torch.ones(1, 8, dtype=torch.long)),
+                                 headers={**headers, spec.NCCL_HEADER: "1"}) as resp:  # fmt: skip
+            assert resp.status == 200 and spec.NCCL_HEADER not in resp.headers
+            assert set(wire.decode(bytearray(await resp.read()))) == set(spec.SUPERVISION_KEYS)
+        assert "lonely" not in srv.server.dataplane.groups
+        listen("127.0.0.1", reply["nccl_port"]).close()  # the store let its port go
+
+
+async def test_named_port_handshake_sequence_numbers_and_mismatch():
+    async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
+        headers = await session_with_vocab(srv, "nemo-like")
+        port = port_range()[0]
+        # NeMo's order: the client joins while /init_nccl is open; the reply comes after the rendezvous.
+        group_task = asyncio.create_task(asyncio.to_thread(PeerGroup.join, "127.0.0.1", port, "gloo", 5.0))
+        reply = await init(srv, "nemo-like", {"nccl_port": port, "backend": "gloo"})
+        group = await group_task
+        assert reply["status"] == "ok" and reply["nccl_port"] == port
+        body = generate_body(torch.arange(16).view(2, 8))
+        for seq in (0, 1):
+            async with srv.http.post(f"{srv.url}/generate", data=body, headers={
+                    **headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)}) as resp:  # fmt: skip
+                assert resp.headers[spec.NCCL_HEADER] == "1" and resp.headers[spec.SEQUENCE_HEADER] == str(seq)
+                metadata = spec.decode_metadata(await resp.read())
+            assert list(metadata) == list(spec.SUPERVISION_KEYS)
+            tensors = await asyncio.to_thread(group.recv, metadata, seq, 5.0)
+            assert tensors["position_mask"].dtype == torch.bool and tensors["target_probs"].shape[-1] == V // 5 + 1
+        # Out of sequence: answered over the wire, the server's group is gone.
+        async with srv.http.post(f"{srv.url}/generate", data=body, headers={
+                **headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: "5"}) as resp:  # fmt: skip
+            assert spec.NCCL_HEADER not in resp.headers
+            wire.decode(bytearray(await resp.read()))
+        assert "nemo-like" not in srv.server.dataplane.groups
+        with pytest.raises(TransferError):  # the server's side closed: our receive fails, it does not hang
+            await asyncio.to_thread(group.recv, metadata, 2, 5.0)
+        assert group.closed
+
+
+async def test_disconnect_tears_the_sessions_group_down_and_leaves_others():
+    async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
+        a, b = await init(srv, "a", {"backend": "gloo"}), await init(srv, "b", {"backend": "gloo"})
+        ga, gb = await asyncio.gather(joined(a), joined(b))
+        await srv.post("disconnect", b"{}", headers={spec.SESSION_HEADER: "a"})
+        assert set(srv.server.dataplane.groups) == {"b"}
+        ga.close()
+        gb.close()
