@@ -11,7 +11,7 @@ from eagle3_target.client import BatchFailedError, ModelMismatchError, PoolOptio
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
-from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch
+from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,6 +77,16 @@ def test_close_ends_only_our_session(farm):
     other.close()
     with pytest.raises(RuntimeError, match="closed"):
         other.generate_batch(*make_batch(3))
+
+
+def test_heartbeats_keep_our_session_alive(farm):
+    url = farm.start("127.0.0.2", options=ServerOptions(session_ttl=0.6))
+    options = PoolOptions(heartbeat_interval=0.1, deadline=10.0, start_timeout=10.0)
+    with RemoteTargetBackend(url, options=options) as backend:
+        server = farm.server(url)
+        # Ten heartbeats take over a second, longer than the TTL: only heartbeats keep the session.
+        wait_until(lambda: server.metrics.requests.labels("heartbeat", "200")._value.get() >= 10)
+        assert server.sessions.expire() == [] and backend.session_id in server.sessions._sessions
 
 
 def test_restarted_server_gets_the_vocab_mapping_again(farm):

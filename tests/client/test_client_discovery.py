@@ -80,3 +80,20 @@ def test_backend_waits_for_a_name_that_resolves_late(farm, dns_server):
     threading.Timer(0.7, dns_server.set_a, (SERVICE, ["127.0.0.2"])).start()
     with RemoteTargetBackend(f"dns://{SERVICE}:{port}", nameserver=dns_server.address, options=OPTIONS) as backend:
         assert backend.healthy_servers == 1
+
+
+def test_a_connection_error_triggers_resolution_at_once(farm, dns_server):
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    port = free_port()
+    old, new = farm.start("127.0.0.2", port), farm.start("127.0.0.3", port)
+    dns_server.set_a(SERVICE, ["127.0.0.2"])
+    options = PoolOptions(resolve_interval=3600, min_resolve_gap=0.1, deadline=20, start_timeout=20,
+                          backoff_base=0.01, backoff_max=0.2)  # fmt: skip
+    with RemoteTargetBackend(f"dns://{SERVICE}:{port}", nameserver=dns_server.address, options=options) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        backend.generate_batch(*make_batch(0))
+        dns_server.set_a(SERVICE, ["127.0.0.3"])  # the pod moved; the timer alone would notice in an hour
+        farm.stop(old)
+        inputs = make_batch(1)
+        assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+        assert [m.url for m in backend.pool.healthy()] == [new]
