@@ -157,14 +157,14 @@ class PeerGroup:
         for tensor in tensors.values():
             if tensor is not None:
                 buffers.append(self._outgoing(tensor))
-        self._run(buffers, self._pg.send, timeout)
+        self._run(buffers, "send", timeout)
         return sum(b.numel() * b.element_size() for b in buffers[0 if seq is None else 1 :])
 
     def recv(self, metadata: Metadata, seq: Optional[int], timeout: float) -> dict[str, Optional[torch.Tensor]]:
         """Receive what ``send`` sent, sized from ``metadata``; check the sequence number if one is expected."""
         incoming = {key: None if meta is None else self._incoming(*meta) for key, meta in metadata.items()}
         head = [] if seq is None else [self._seq_tensor(-1)]
-        self._run(head + [b for b in incoming.values() if b is not None], self._pg.recv, timeout)
+        self._run(head + [b for b in incoming.values() if b is not None], "recv", timeout)
         if seq is not None and int(head[0].item()) != seq:
             self.close()
             raise TransferError(f"sequence mismatch: expected transfer {seq}, the server sent {int(head[0].item())}")
@@ -187,13 +187,14 @@ class PeerGroup:
         # One flat byte buffer of numel x element_size, exactly what the receiver allocates.
         return tensor.reshape(-1).view(torch.uint8) if tensor.dtype in BYTE_VIEW_DTYPES else tensor
 
-    def _run(self, buffers: list[torch.Tensor], op, timeout: float) -> None:
-        """Post every op (the pair keeps their order), then wait for all within ``timeout`` seconds."""
-        if self.closed:
+    def _run(self, buffers: list[torch.Tensor], op: str, timeout: float) -> None:
+        """Post every send or recv (the pair keeps their order), then wait for all within ``timeout`` seconds."""
+        pg = self._pg  # close() from another thread may clear it
+        if self.closed or pg is None:
             raise TransferError(f"group {self.name} is closed")
         deadline = time.monotonic() + timeout
         try:
-            works = [op([buffer], self.peer, 0) for buffer in buffers]
+            works = [getattr(pg, op)([buffer], self.peer, 0) for buffer in buffers]
             for work in works:
                 self._wait(work, deadline)
         except TransferError:
