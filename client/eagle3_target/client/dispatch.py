@@ -167,7 +167,8 @@ class TargetPool:
     # -- views -----------------------------------------------------------------------------
 
     def healthy(self) -> list[Member]:
-        return [m for m in self.members.values() if m.state == HEALTHY]
+        # list() copies in one step, so the trainer thread can call this while the loop changes members.
+        return [m for m in list(self.members.values()) if m.state == HEALTHY]
 
     def describe_members(self) -> str:
         parts = [f"{m.url} {m.state}" + (f" ({m.last_error})" if m.last_error else "") for m in self.members.values()]
