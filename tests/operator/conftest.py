@@ -206,8 +206,9 @@ class Cluster:
                 "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
         return await self.request("POST", f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets", body)
 
-    async def patch_target(self, name: str, patch: dict) -> dict:
+    async def patch_target(self, name: str, patch: dict, subresource: str = "") -> dict:
         path = f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets/{name}"
+        path += f"/{subresource}" if subresource else ""
         return await self.request("PATCH", path, patch, "application/merge-patch+json")
 
     async def set_pod_ready(self, name: str, ip: str, ready: bool = True) -> None:

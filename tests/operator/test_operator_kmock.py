@@ -8,7 +8,10 @@ SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2, "gpusPerRepl
 
 
 def condition(target: dict, type_: str) -> dict:
-    return next(c for c in target.get("status", {}).get("conditions", []) if c["type"] == type_)
+    for cond in target.get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            return cond
+    raise AssertionError(f"no {type_} condition yet")  # so that eventually() keeps polling
 
 
 async def test_create_makes_pods_services_configmap_and_status(operator):
@@ -75,7 +78,7 @@ async def test_scale_up_then_down_removes_highest_ordinals(operator):
     await _ready_all(operator, 1)
     first_uid = operator.pods()["llama-0"]["metadata"]["uid"]
 
-    await operator.patch_target("llama", {"spec": {"replicas": 3}})
+    await operator.patch_target("llama", {"spec": {"replicas": 3}}, subresource="scale")  # as `kubectl scale`
     pods = await operator.eventually(lambda: len(operator.pods()) == 3 and operator.pods())
     assert sorted(pods) == ["llama-0", "llama-1", "llama-2"]
     assert pods["llama-0"]["metadata"]["uid"] == first_uid  # scaling does not roll existing pods
