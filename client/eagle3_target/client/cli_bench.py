@@ -11,6 +11,7 @@ import torch
 
 from .backend import RemoteTargetBackend
 from .dispatch import PoolOptions
+from .p2p import DATA_PATHS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
     p.add_argument("--depth", type=int, help="requests in flight (default: one per healthy server)")
     p.add_argument("--max-in-flight", type=int, default=1, help="requests per server (default 1)")
+    p.add_argument("--data-path", choices=DATA_PATHS, default="auto",
+                   help="wire, p2p (point-to-point; gloo on CPU servers) or auto (GPU-direct when possible)")
 
 
 @dataclass
@@ -61,7 +64,7 @@ def measure(backend: RemoteTargetBackend, batch_size: int, seq_len: int, batches
 
 def run(args: argparse.Namespace) -> int:
     token = args.auth_token_file.read_text().strip() if args.auth_token_file else None
-    options = PoolOptions(max_in_flight=args.max_in_flight)
+    options = PoolOptions(max_in_flight=args.max_in_flight, data_path=args.data_path)
     with RemoteTargetBackend(args.endpoints, auth_token=token, nameserver=args.nameserver, options=options) as backend:
         info = backend.model_info()
         vocab = info["vocab_size"]
