@@ -110,7 +110,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             _apply_merge(new, request.data or {})
         if request.subresource == "status":  # only status changes through /status
             new = {**old, "status": new.get("status")}
-        elif request.subresource is None and new.get("spec") != old.get("spec"):
+        elif new.get("spec") != old.get("spec"):  # main resource or /scale
             new.setdefault("metadata", {})["generation"] = old.get("metadata", {}).get("generation", 1) + 1
         new.setdefault("metadata", {})["resourceVersion"] = self._next_version()
         return _with_data(request, _merge_diff(old, new))
