@@ -121,3 +121,26 @@ def test_operator_imports_no_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+KUBE_VERSION = "1.33.0"
+
+
+@pytest.mark.parametrize("name", ["crd.yaml", "rbac.yaml", "operator.yaml", "example-trainer-job.yaml"])
+def test_core_manifests_pass_kubernetes_validate(name):
+    import kubernetes_validate
+
+    for doc in load_all(name):
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_built_children_pass_kubernetes_validate():
+    import kubernetes_validate
+
+    example = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
+    for extra in ({}, {"hostNetwork": True, "affinity": {"nodeAffinity": {}}, "env": [{"name": "X", "value": "1"}],
+                       "modelVolume": {"volumeSource": {"hostPath": {"path": "/m"}}}, "serviceAccountName": "sa",
+                       "imagePullSecrets": [{"name": "reg"}]}):  # fmt: skip
+        spec = TargetSpec.parse({**example["spec"], **extra})
+        for obj in [builders.pod(spec, "llama", "ml", 3, "img"), *builders.children(spec, "llama", "ml")]:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
