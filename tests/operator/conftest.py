@@ -218,8 +218,8 @@ class Cluster:
         path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status"
         await self.request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
-    async def delete_pod(self, name: str) -> None:
-        await self.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    async def delete(self, plural: str, name: str) -> None:
+        await self.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/{plural}/{name}")
 
 
 async def eventually(check, timeout: float = 15.0, interval: float = 0.05):

@@ -98,12 +98,13 @@ async def test_scale_up_then_down_removes_highest_ordinals(operator):
     await operator.eventually(settled)
 
 
-async def test_deleted_pod_comes_back_and_status_follows(operator):
+async def test_deleted_pod_and_service_come_back_and_status_follows(operator):
     await operator.create_target("llama", SPEC)
     await _ready_all(operator, 2)
     old_uid = operator.pods()["llama-1"]["metadata"]["uid"]
 
-    await operator.delete_pod("llama-1")
+    await operator.delete("pods", "llama-1")
+    await operator.delete("services", "llama")
 
     def healed():
         pod = operator.pods().get("llama-1")
@@ -111,6 +112,7 @@ async def test_deleted_pod_comes_back_and_status_follows(operator):
         return pod
 
     await operator.eventually(healed)
+    await operator.eventually(lambda: "llama" in operator.services())
 
     def degraded_readiness():
         target = operator.target("llama")
@@ -203,3 +205,10 @@ async def test_host_network_ports_per_replica_and_too_small_range(operator):
     assert "too small" in condition(operator.target("llama"), "Degraded")["message"]
     await asyncio.sleep(0.5)
     assert sorted(operator.pods()) == ["llama-0", "llama-1"]
+
+
+async def test_target_created_invalid_gets_no_children(operator):
+    await operator.create_target("broken", {**SPEC, "auxLayerIds": [4, 4, 4]})
+    await operator.eventually(lambda: condition(operator.target("broken"), "Degraded")["reason"] == "InvalidSpec")
+    assert operator.target("broken")["status"]["replicas"] == 0
+    assert operator.pods() == {} and operator.services() == {} and operator.configmaps() == {}
