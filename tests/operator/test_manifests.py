@@ -92,7 +92,9 @@ def test_schema_defaults_equal_the_operators_defaults(schema):
 
 def test_rbac_grants_only_what_the_operator_uses():
     role = next(d for d in load_all("rbac.yaml") if d["kind"] == "ClusterRole")
-    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    grants = {
+        (g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
     assert grants[("", "pods")] == {"list", "watch", "create", "delete"}
     assert grants[("eagle3.dev", "eagle3targets/status")] == {"get", "patch"}
     assert all("*" not in verbs for verbs in grants.values())

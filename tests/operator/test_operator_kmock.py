@@ -20,7 +20,7 @@ async def test_create_makes_pods_services_configmap_and_status(operator):
 
     pods = await operator.eventually(lambda: len(operator.pods()) == 2 and operator.pods())
     assert sorted(pods) == ["llama-0", "llama-1"]
-    for name, pod in pods.items():
+    for pod in pods.values():
         assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
         assert pod["metadata"]["labels"]["eagle3.dev/target"] == "llama"
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -31,7 +31,9 @@ async def test_create_makes_pods_services_configmap_and_status(operator):
     assert services["llama-peers"]["spec"]["publishNotReadyAddresses"] is True
     assert all(s["metadata"]["ownerReferences"][0]["uid"] == uid for s in services.values())
     configmap = (await operator.eventually(lambda: operator.configmaps()))["llama-client"]
-    assert configmap["data"]["EAGLE3_TARGET_SERVICE"] == f"srv://_http._tcp.llama.{operator.namespace}.svc.cluster.local"
+    assert (
+        configmap["data"]["EAGLE3_TARGET_SERVICE"] == f"srv://_http._tcp.llama.{operator.namespace}.svc.cluster.local"
+    )
 
     def starting():
         target = operator.target("llama")
@@ -190,7 +192,11 @@ async def test_invalid_spec_sets_degraded_with_event_and_churns_nothing(operator
 
 
 async def test_host_network_ports_per_replica_and_too_small_range(operator):
-    spec = {**SPEC, "hostNetwork": True, "ports": {"http": 9000, "nccl": {"start": 30000, "end": 30015, "perReplica": 8}}}
+    spec = {
+        **SPEC,
+        "hostNetwork": True,
+        "ports": {"http": 9000, "nccl": {"start": 30000, "end": 30015, "perReplica": 8}},
+    }
     await operator.create_target("llama", spec)
     pods = await operator.eventually(lambda: len(operator.pods()) == 2 and operator.pods())
     for ordinal in (0, 1):

@@ -270,4 +270,8 @@ def client_configmap(spec: TargetSpec, name: str, namespace: str) -> dict:
 
 def children(spec: TargetSpec, name: str, namespace: str) -> list[dict]:
     """The children that exist once per target (pods are per ordinal)."""
-    return [service(spec, name, namespace), peers_service(spec, name, namespace), client_configmap(spec, name, namespace)]
+    return [
+        service(spec, name, namespace),
+        peers_service(spec, name, namespace),
+        client_configmap(spec, name, namespace),
+    ]

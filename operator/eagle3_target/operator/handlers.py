@@ -41,7 +41,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 60
     memo.setdefault("default_image", os.environ.get("EAGLE3_TARGET_IMAGE", DEFAULT_IMAGE))
     memo.locks = {}
-    memo.children = Children(await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG")), log)
+    memo.children = Children(await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG")))
 
 
 @kopf.index("pods", labels={"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT})

@@ -3,7 +3,6 @@ Services and ConfigMaps, create and delete for pods; conflicts and vanished obje
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kr8s
@@ -18,9 +17,7 @@ def is_subset(desired: Any, actual: Any) -> bool:
     if isinstance(desired, dict):
         return isinstance(actual, dict) and all(k in actual and is_subset(v, actual[k]) for k, v in desired.items())
     if isinstance(desired, list):
-        return (
-            isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
-        )
+        return isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
     return desired == actual
 
 
@@ -29,9 +26,8 @@ def _status_code(error: kr8s.ServerError) -> int | None:
 
 
 class Children:
-    def __init__(self, api: kr8s.asyncio.Api, log: logging.Logger) -> None:
+    def __init__(self, api: kr8s.asyncio.Api) -> None:
         self.api = api
-        self.log = log
 
     def _object(self, body: dict):
         return KINDS[body["kind"]](body, api=self.api)

@@ -175,9 +175,8 @@ class TargetSpec:
         last = self.ports_for(slots - 1)
         if last.http > 65535 or last.nccl_end > 65535:
             errors.append(f"ports of replica {slots - 1} pass 65535")
-        http_ports = range(self.http_port, last.http + 1)
-        if http_ports.start <= self.nccl_end and self.nccl_start <= http_ports[-1]:
+        if self.http_port <= self.nccl_end and self.nccl_start <= last.http:
             errors.append(
-                f"HTTP ports {http_ports.start}-{http_ports[-1]} overlap the NCCL range {self.nccl_start}-{self.nccl_end}"
+                f"HTTP ports {self.http_port}-{last.http} overlap the NCCL range {self.nccl_start}-{self.nccl_end}"
             )
         return errors

@@ -34,8 +34,7 @@ class PodState:
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
         ports = [p for c in spec.get("containers", [])[:1] for p in c.get("ports", []) if p.get("name") == "http"]
         waiting = [
-            (s.get("state") or {}).get("waiting", {}).get("reason")
-            for s in status.get("containerStatuses") or []
+            (s.get("state") or {}).get("waiting", {}).get("reason") for s in status.get("containerStatuses") or []
         ]
         failing = next((r for r in waiting if r in FAILING_REASONS), None)
         phase = status.get("phase", "Pending")
@@ -68,7 +67,6 @@ class Plan:
 
     create: list[int] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
-    rolling: bool = False  # outdated pods remain
 
 
 def plan(pods: list[PodState], replicas: int, hashes: dict[int, str]) -> Plan:
@@ -84,7 +82,6 @@ def plan(pods: list[PodState], replicas: int, hashes: dict[int, str]) -> Plan:
 
     wanted = [by_ordinal[i] for i in range(replicas) if i in by_ordinal and by_ordinal[i] not in finished]
     outdated = [p for p in wanted if p.spec_hash != hashes[p.ordinal]]
-    result.rolling = bool(outdated)
     settled = len(wanted) == replicas and all(p.ready for p in wanted if p.spec_hash == hashes[p.ordinal])
     if outdated and settled and not blocked:
         # a not-ready outdated pod costs no availability, so it goes first; then the highest ordinal
