@@ -97,6 +97,7 @@ def test_rbac_grants_only_what_the_operator_uses():
     }
     assert grants[("", "pods")] == {"list", "watch", "create", "delete"}
     assert grants[("eagle3.dev", "eagle3targets/status")] == {"get", "patch"}
+    assert grants[("eagle3.dev", "eagle3targets/finalizers")] == {"update"}  # for blockOwnerDeletion
     assert all("*" not in verbs for verbs in grants.values())
     assert not any(r in ("secrets", "nodes") for _, r in grants)
 
