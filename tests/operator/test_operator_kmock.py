@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import sys
+
+import aiohttp
 
 SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2, "gpusPerReplica": 1, "auxLayerIds": [1, 15, 28]}
 
@@ -218,3 +224,26 @@ async def test_target_created_invalid_gets_no_children(operator):
     await operator.eventually(lambda: condition(operator.target("broken"), "Degraded")["reason"] == "InvalidSpec")
     assert operator.target("broken")["status"]["replicas"] == 0
     assert operator.pods() == {} and operator.services() == {} and operator.configmaps() == {}
+
+
+async def test_cli_runs_the_operator_with_liveness_and_stops_on_sigterm(cluster):
+    """`eagle3-target operator` as a process: it reconciles, serves kopf's liveness probe, exits cleanly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "EAGLE3_TARGET_OPERATOR_INTERVAL": "0.2"}
+    # -A: with -n, kopf also watches namespaces, and kmock cannot list the cluster-scoped /api/v1/namespaces
+    args = ["-m", "eagle3_target.cli", "operator", "-A", "--liveness",
+            f"http://127.0.0.1:{port}/healthz", "--default-image", "registry.test/cli:1"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(sys.executable, *args, env=env)
+    try:
+        await cluster.create_target("llama", {**SPEC, "replicas": 1})
+        pod = (await cluster.eventually(lambda: cluster.pods().get("llama-0"), timeout=30))
+        assert pod["spec"]["containers"][0]["image"] == "registry.test/cli:1"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                assert resp.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 0
