@@ -115,6 +115,10 @@ def test_trainer_job_probes_the_published_service():
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["eagle3-target", "probe", "$(EAGLE3_TARGET_SERVICE)"]
     assert container["envFrom"] == [{"configMapRef": {"name": builders.client_configmap_name("llama")}}]
+    target = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
+    secret = job["spec"]["template"]["spec"]["volumes"][0]["secret"]
+    assert secret["secretName"] == target["spec"]["authTokenSecret"]["name"]
+    assert {"name": "EAGLE3_TARGET_AUTH_TOKEN_FILE", "value": f"{builders.TOKEN_DIR}/token"} in container["env"]
 
 
 def test_operator_imports_no_torch():
