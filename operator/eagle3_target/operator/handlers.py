@@ -38,7 +38,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
     settings.posting.level = logging.WARNING  # only problems become Events, besides our own
-    settings.networking.request_timeout = 60
     memo.setdefault("default_image", os.environ.get("EAGLE3_TARGET_IMAGE", DEFAULT_IMAGE))
     memo.locks = {}
     memo.children = Children(await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG")))
