@@ -202,9 +202,9 @@ class DataPlane:
                 self.teardown(session, "rendezvous_failed")
 
     async def _ready(self, sg: SessionGroup) -> Optional[PeerGroup]:
-        try:
-            group = await asyncio.wait_for(asyncio.shield(sg.build), self.rendezvous_timeout)
-        except (TransferError, RuntimeError, asyncio.TimeoutError):
+        try:  # the build is bounded by the rendezvous timeout itself; once it fails, its port is free
+            group = await asyncio.shield(sg.build)
+        except (TransferError, RuntimeError):
             return None
         return None if group.closed else group
 
@@ -223,7 +223,10 @@ class DataPlane:
         seq = _parse_seq(headers.get(spec.SEQUENCE_HEADER))
         async with sg.lock:
             group = await self._ready(sg)
-            if group is None or self.groups.get(session.id) is not sg:
+            if self.groups.get(session.id) is not sg:
+                yield None
+            elif group is None:  # the peer never joined in time: the group is of no further use
+                self.teardown(session, "rendezvous_failed")
                 yield None
             elif seq is not None and seq != sg.next_seq:
                 log.warning("session %s: client expects transfer %d, next is %d", session.id, seq, sg.next_seq)

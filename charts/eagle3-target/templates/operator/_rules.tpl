@@ -6,6 +6,11 @@
 - apiGroups: [eagle3.dev]
   resources: [eagle3targets/status]
   verbs: [get, patch]
+# children carry blockOwnerDeletion, which OwnerReferencesPermissionEnforcement allows only to
+# those who may update the owner's finalizers
+- apiGroups: [eagle3.dev]
+  resources: [eagle3targets/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, create, delete]
