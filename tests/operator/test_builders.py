@@ -191,3 +191,19 @@ def test_status_counts_endpoints_and_degraded():
     again = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=[], generation=4,
                            selector="s", previous=status, timestamp="later")  # fmt: skip
     assert again == status  # an unchanged world is not re-patched
+
+
+@pytest.mark.parametrize(
+    "pods, problems, reconciling, stalled",
+    [
+        ([pod_state(0), pod_state(1)], [], "False", "False"),  # all ready: kstatus Current
+        ([pod_state(0), pod_state(1, ready=False)], [], "True", "False"),  # loading: InProgress
+        ([pod_state(0)], [], "True", "False"),  # a replica still to create
+        ([], ["auxLayerIds must be distinct"], "False", "True"),  # invalid: Failed, helm --wait stops
+    ],
+)
+def test_kstatus_conditions_follow_readiness(pods, problems, reconciling, stalled):
+    status = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=problems, generation=1,
+                            selector="s", previous=None, timestamp="T")  # fmt: skip
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert (conditions["Reconciling"], conditions["Stalled"]) == (reconciling, stalled)

@@ -151,3 +151,11 @@ def test_built_children_pass_kubernetes_validate():
         spec = TargetSpec.parse({**example["spec"], **extra})
         for obj in [builders.pod(spec, "llama", "ml", 3, "img"), *builders.children(spec, "llama", "ml")]:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def test_default_status_is_valid_and_reads_as_in_progress_to_kstatus(schema):
+    """A new Eagle3Target is 'in progress' to helm --wait before the operator's first status write."""
+    default = schema["properties"]["status"]["default"]
+    validator(schema).validate({"spec": {"model": "m"}, "status": default})
+    conditions = {c["type"]: c["status"] for c in default["conditions"]}
+    assert conditions == {"Reconciling": "True", "Ready": "Unknown"}

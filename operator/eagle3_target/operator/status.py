@@ -121,6 +121,7 @@ def conditions(
             condition("Ready", False, "InvalidSpec", message, generation),
             condition("Progressing", False, "InvalidSpec", message, generation),
             condition("Degraded", True, "InvalidSpec", message, generation),
+            *kstatus_conditions(ready=False, stalled=True, reason="InvalidSpec", message=message, generation=generation),
         ]
     live = [p for p in pods if not p.terminating]
     wanted = [p for p in live if 0 <= p.ordinal < replicas]
@@ -154,7 +155,19 @@ def conditions(
         degraded = condition("Degraded", True, "PodsFailing", names, generation)
     else:
         degraded = condition("Degraded", False, "AsExpected", "no failing targets", generation)
-    return [ready_cond, progressing, degraded]
+    ready = ready_cond["status"] == "True"
+    return [ready_cond, progressing, degraded,
+            *kstatus_conditions(ready=ready, stalled=False, reason=ready_cond["reason"], message=counts,
+                                generation=generation)]  # fmt: skip
+
+
+def kstatus_conditions(*, ready: bool, stalled: bool, reason: str, message: str, generation: int | None) -> list[dict]:
+    """kstatus's abnormal-true pair, which `helm install --wait` (Helm 4) and Flux read for custom resources:
+    Reconciling while the fleet is not yet Ready, Stalled when it never will be without a spec change."""
+    return [
+        condition("Reconciling", not ready and not stalled, reason, message, generation),
+        condition("Stalled", stalled, reason if stalled else "AsExpected", message, generation),
+    ]
 
 
 def compute_status(
