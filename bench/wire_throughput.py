@@ -1,13 +1,15 @@
 """Loopback /generate throughput on the wire path, against raw TCP moving the same bytes in the same run.
 
-    python bench/wire_throughput.py [--repeats 7] [--shapes 8b small]
+    python bench/wire_throughput.py [--repeats N] [--shapes 8b small]
 
 The server runs in its own process with the synthetic runner (no model). A response's
 transfer time is the client's round trip minus the server's compute phases, which the
 server reports in its Server-Timing header (decode, forward, projection, encode): what is
 left is sending, receiving and decoding the body into tensors, the part the wire format
 and HTTP stack are responsible for. The baseline is one socket.sendall of a
-preallocated buffer into recv_into on the other side, between two processes.
+preallocated buffer into recv_into on the other side, between two processes. Where
+nemo-automodel is installed, NeMo's own client (requests, reading the body in 10 KiB pieces and
+decoding with copies) is timed against the same server for comparison.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SHAPES = {
     "8b": dict(batch=1, seq=2048, hidden=4096, vocab=32000, draft=32000),
     "small": dict(batch=1, seq=512, hidden=2048, vocab=8192, draft=8192),
 }
+# Small responses take milliseconds, where scheduling noise on a shared VM is large: take more of them.
+DEFAULT_REPEATS = {"8b": 9, "small": 27}
 COMPUTE_PHASES = ("decode", "forward", "projection", "encode")
 
 
@@ -116,30 +120,57 @@ async def http_generate(url: str, shape: dict, repeats: int) -> tuple[int, list[
     return nbytes, rounds[1:], transfers[1:]
 
 
+def nemo_client_transfer_seconds(url: str, shape: dict, repeats: int) -> list[float] | None:
+    """NeMo's trainer-side receive path against our server: requests' .content, then NeMo's wire.decode."""
+    try:
+        import requests
+        from nemo_automodel.components.speculative.eagle.remote import wire as nemo_wire
+    except ImportError:
+        return None
+    session = requests.Session()
+    session.trust_env = False
+    input_ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
+    request = wire.encode({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                           "loss_mask": torch.ones_like(input_ids)})  # fmt: skip
+    # The session is named by the peer address, which the aiohttp client above shares: the mapping is set.
+    transfers = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        resp = session.post(f"{url}/generate", data=request, timeout=300)
+        resp.raise_for_status()
+        nemo_wire.decode(resp.content, map_location="cpu")
+        elapsed = time.perf_counter() - start
+        timing = parse_server_timing(resp.headers["Server-Timing"])
+        transfers.append(elapsed - sum(timing[p] for p in COMPUTE_PHASES))
+    return transfers[1:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, help="transfers per shape (default: 9 for 8b, 27 for small)")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     args = parser.parse_args()
     mp.set_start_method("spawn")
-    print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, {args.repeats} repeats, medians")
+    print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, medians")
     print(f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
-          f"{'end-to-end MB/s':>16}")  # fmt: skip
+          f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6}")  # fmt: skip
     for name in args.shapes:
-        shape = SHAPES[name]
+        shape, repeats = SHAPES[name], args.repeats or DEFAULT_REPEATS[name]
         ports = mp.Queue()
         server = mp.Process(target=_serve, args=(ports, shape), daemon=True)
         server.start()
         try:
             url = f"http://127.0.0.1:{ports.get(timeout=60)}"
-            nbytes, rounds, transfers = asyncio.run(http_generate(url, shape, args.repeats))
+            nbytes, rounds, transfers = asyncio.run(http_generate(url, shape, repeats))
+            nemo = nemo_client_transfer_seconds(url, shape, max(3, repeats // 3))
         finally:
             server.kill()
-        tcp = statistics.median(raw_tcp_seconds(nbytes, args.repeats))
+        tcp = statistics.median(raw_tcp_seconds(nbytes, repeats))
         mb = nbytes / 1e6
         wire_rate, tcp_rate = mb / statistics.median(transfers), mb / tcp
+        nemo_rate = mb / statistics.median(nemo) if nemo else float("nan")
         print(f"{name:6} {mb:8.1f} {tcp_rate:13.0f} {wire_rate:15.0f} {wire_rate / tcp_rate:6.2f} "
-              f"{mb / statistics.median(rounds):16.0f}")  # fmt: skip
+              f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
