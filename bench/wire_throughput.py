@@ -7,7 +7,8 @@ transfer time is the client's round trip minus the server's compute phases, whic
 server reports in its Server-Timing header (decode, forward, projection, encode): what is
 left is sending, receiving and decoding the body into tensors, the part the wire format
 and HTTP stack are responsible for. The baseline is one socket.sendall of a
-preallocated buffer into recv_into on the other side, between two processes. Where
+preallocated buffer into recv_into on the other side, between two processes (also shown: the
+same into a fresh buffer per transfer, as a receiver that keeps the data must do). Where
 nemo-automodel is installed, NeMo's own client (requests, reading the body in 10 KiB pieces and
 decoding with copies) is timed against the same server for comparison.
 """
@@ -48,7 +49,9 @@ def _tcp_sender(port_queue, nbytes: int, repeats: int) -> None:
                 conn.sendall(payload)
 
 
-def raw_tcp_seconds(nbytes: int, repeats: int) -> list[float]:
+def raw_tcp_seconds(nbytes: int, repeats: int, fresh: bool = False) -> list[float]:
+    """Seconds per transfer into one reused buffer, or into a new buffer each time (``fresh``: what a
+    receiver that keeps the data pays, page faults included)."""
     ports = mp.Queue()
     sender = mp.Process(target=_tcp_sender, args=(ports, nbytes, repeats))
     sender.start()
@@ -57,6 +60,8 @@ def raw_tcp_seconds(nbytes: int, repeats: int) -> list[float]:
     with socket.create_connection(("127.0.0.1", ports.get(timeout=30))) as sock:
         for _ in range(repeats):
             start = time.perf_counter()
+            if fresh:
+                buf = memoryview(bytearray(nbytes))
             sock.sendall(b"x")
             got = 0
             while got < nbytes:
@@ -153,7 +158,7 @@ def main() -> None:
     mp.set_start_method("spawn")
     print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, medians")
     print(f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
-          f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6}")  # fmt: skip
+          f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19}")  # fmt: skip
     for name in args.shapes:
         shape, repeats = SHAPES[name], args.repeats or DEFAULT_REPEATS[name]
         ports = mp.Queue()
@@ -166,11 +171,13 @@ def main() -> None:
         finally:
             server.kill()
         tcp = statistics.median(raw_tcp_seconds(nbytes, repeats))
+        tcp_fresh = statistics.median(raw_tcp_seconds(nbytes, repeats, fresh=True))
         mb = nbytes / 1e6
         wire_rate, tcp_rate = mb / statistics.median(transfers), mb / tcp
         nemo_rate = mb / statistics.median(nemo) if nemo else float("nan")
         print(f"{name:6} {mb:8.1f} {tcp_rate:13.0f} {wire_rate:15.0f} {wire_rate / tcp_rate:6.2f} "
-              f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f}")  # fmt: skip
+              f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f} "
+              f"{mb / tcp_fresh:19.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":
