@@ -29,7 +29,7 @@ def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
     urls = set_pods(hosts[:2])
     with RemoteTargetBackend(spec, nameserver=dns_server.address, options=OPTIONS) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
-        assert backend.healthy_servers == 2
+        wait_until(lambda: backend.healthy_servers == 2)  # the backend returns once one server is healthy
         inputs = [make_batch(seed) for seed in range(60)]
         stream = backend.prefetch(inputs, depth=4)
         for index, (got, sent) in enumerate(zip(stream, inputs, strict=True)):
