@@ -66,7 +66,6 @@ class TargetServer:
         self.stopped = asyncio.Event()  # set by --exit-on-disconnect or a failed load
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
         self._compute_lock = asyncio.Lock()
-        self._embeddings: Optional[EncodedBlob] = None
         self.dataplane = DataPlane(
             self.options.nccl_port_range,
             enabled=self.options.p2p,
@@ -250,10 +249,10 @@ class TargetServer:
     async def input_embeddings(self, request: web.Request) -> web.StreamResponse:
         runner = self._ready_runner()
         self._session(request)
-        if self._embeddings is None:
-            weight = await self._on_model_thread(lambda: runner.input_embeddings().detach().cpu())
-            self._embeddings = EncodedBlob({"weight": weight})
-        return await self._stream_blob(request, self._embeddings)
+        # Not cached: on a GPU the host copy is ~1 GB for an 8B model, and each trainer asks once.
+        # On the CPU .cpu() is a view, so the blob streams straight from the model's own weight.
+        weight = await self._on_model_thread(lambda: runner.input_embeddings().detach().cpu())
+        return await self._stream_blob(request, EncodedBlob({"weight": weight}))
 
     async def set_vocab_mapping(self, request: web.Request) -> web.Response:
         runner = self._ready_runner()
