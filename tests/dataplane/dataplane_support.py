@@ -6,7 +6,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys

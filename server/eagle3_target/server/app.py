@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from eagle3_target.protocol import spec
-from eagle3_target.protocol.supervision import build_supervision
+from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.protocol.transport import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
 
@@ -203,8 +202,13 @@ class TargetServer:
             raise RequestError(503, "not_ready", "the target model is still loading")
         return self.runner
 
+    @staticmethod
+    def _session_id(request: web.Request) -> str:
+        """The X-Eagle3-Session header, or the peer address for a client that sends none (stock NeMo)."""
+        return request.headers.get(spec.SESSION_HEADER) or f"peer:{request.remote}"
+
     def _session(self, request: web.Request) -> Session:
-        session = self.sessions.touch(request.headers.get(spec.SESSION_HEADER) or f"peer:{request.remote}")
+        session = self.sessions.touch(self._session_id(request))
         self.metrics.sessions.set(len(self.sessions))
         return session
 
@@ -290,26 +294,20 @@ class TargetServer:
         blob = EncodedBlob(supervision)
         timings["encode"] = time.perf_counter() - start
 
-        server_timing = ", ".join(f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in timings.items())
         start = time.perf_counter()
-        response = await self._stream_blob(request, blob, {"Server-Timing": server_timing})
+        response = await self._stream_blob(request, blob, {"Server-Timing": _server_timing(timings)})
         timings["send"] = time.perf_counter() - start
-
-        for phase, seconds in timings.items():
-            self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
-        self.metrics.tokens.inc(inputs["input_ids"].numel())
-        self.metrics.sent_bytes.labels("wire").inc(blob.nbytes)
+        self._record_generate(timings, inputs, "wire", blob.nbytes)
         return response
 
     async def _generate_p2p(self, request, runner, inputs, session, transfer, timings) -> web.StreamResponse:
         """Metadata in the HTTP response, flushed, then the tensors over the session's group."""
         async with self._compute_lock:
             supervision = await self._on_model_thread(_compute, runner, inputs, session.vocab, timings, False)
-        server_timing = ", ".join(f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in timings.items())
         response = web.Response(
             body=spec.encode_metadata(supervision),
             content_type="application/json",
-            headers={**transfer.response_headers(), "Server-Timing": server_timing},
+            headers={**transfer.response_headers(), "Server-Timing": _server_timing(timings)},
         )
         await response.prepare(request)
         await response.write_eof()  # the client must have the metadata before it can post its receives
@@ -322,14 +320,17 @@ class TargetServer:
             request.protocol.force_close()
             return response
         timings["send"] = time.perf_counter() - start
+        self._record_generate(timings, inputs, "nccl", sent)  # "nccl" names the point-to-point path, gloo included
+        return response
+
+    def _record_generate(self, timings: dict[str, float], inputs: dict[str, torch.Tensor], path: str, sent: int):
         for phase, seconds in timings.items():
             self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
         self.metrics.tokens.inc(inputs["input_ids"].numel())
-        self.metrics.sent_bytes.labels("nccl").inc(sent)  # "nccl" names the point-to-point path, gloo included
-        return response
+        self.metrics.sent_bytes.labels(path).inc(sent)
 
     async def disconnect(self, request: web.Request) -> web.Response:
-        sid = request.headers.get(spec.SESSION_HEADER) or f"peer:{request.remote}"
+        sid = self._session_id(request)
         if self.sessions.end(sid):
             log.info("session %s disconnected", sid)
         self.metrics.sessions.set(len(self.sessions))
@@ -339,6 +340,11 @@ class TargetServer:
         return web.json_response({"status": "ok"})
 
 
+def _server_timing(timings: dict[str, float]) -> str:
+    """The standard Server-Timing header: lets a client tell compute from transfer time."""
+    return ", ".join(f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in timings.items())
+
+
 def _error(status: int, error: str, detail: str, headers=None) -> web.Response:
     keep = {k: v for k, v in (headers or {}).items() if k.lower() == "allow"}
     return web.json_response({"error": error, "detail": detail}, status=status, headers=keep)
@@ -346,8 +352,6 @@ def _error(status: int, error: str, detail: str, headers=None) -> web.Response:
 
 def _warm_up(runner: TargetRunner) -> None:
     """One tiny forward and projection, so the first real request pays no lazy initialisation."""
-    from eagle3_target.protocol.supervision import VocabMapping
-
     device = runner.info.device
     ids = torch.zeros(1, WARMUP_TOKENS, dtype=torch.long, device=device)
     logits, aux = runner.forward(ids, torch.ones_like(ids))
