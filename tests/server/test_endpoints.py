@@ -257,3 +257,23 @@ def test_hf_runner_captures_layer_outputs_of_mainstream_architectures():
 def test_hf_runner_rejects_bad_aux_layer_ids():
     with pytest.raises(ValueError, match="distinct"):
         HFRunner.load(aux_layer_ids=[2, 2, 3])
+
+
+async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving_goes_on():
+    async with serve(lambda: SyntheticRunner(vocab_size=V, hidden_size=2048)) as srv:
+        await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))
+        big = generate_body(torch.zeros(4, 1024, dtype=torch.long))  # ~50 MB of supervision
+        host, port = srv.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big)
+        await writer.drain()
+        await reader.readexactly(1 << 16)  # the response has started streaming
+        writer.transport.abort()
+        async with asyncio.timeout(10):
+            while True:
+                text = await (await srv.http.get(f"{srv.url}/metrics")).text()
+                if 'eagle3_target_requests_total{code="499",endpoint="generate"} 1.0' in text:
+                    break
+                await asyncio.sleep(0.05)
+        assert 'code="500"' not in text
+        assert (await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)))).status == 200

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 # B=8, S=32768 is 6 MiB of /generate request; leave room for a 1M-token vocab mapping too.
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 WARMUP_TOKENS = 8
+CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
 OPEN_PATHS = {"/" + spec.LIVEZ, "/" + spec.READYZ, "/" + spec.HEALTH, "/" + spec.METRICS}
 
 
@@ -161,6 +162,9 @@ class TargetServer:
         except web.HTTPException as exc:
             code = exc.status
             raise
+        except ConnectionError:
+            code = CLIENT_CLOSED  # the client went away mid-response: not a server error
+            raise
         finally:
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(route, str(code)).inc()
@@ -180,7 +184,7 @@ class TargetServer:
                 405: f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}",
             }.get(exc.status, exc.text or exc.reason)
             return _error(exc.status, exc.reason.lower().replace(" ", "_"), detail, exc.headers)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):  # the client went away: nothing to answer
             raise
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.path)
