@@ -127,6 +127,7 @@ def main() -> int:
                 mask = torch.zeros(vocab, dtype=torch.bool)
                 mask[: args.draft_vocab] = True
                 backend.set_vocab_mapping(torch.arange(args.draft_vocab), mask)
+                assert backend.wait_for_servers() == n, "not every server joined"
                 results[n] = tput = measure(backend, args.batch_size, args.seq_len,
                                             args.batches_per_server * n, warmup=n, depth=n)  # fmt: skip
             ratio = tput.batches_per_s / (n * results[counts[0]].batches_per_s / counts[0])

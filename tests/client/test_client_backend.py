@@ -45,7 +45,7 @@ def test_prefetch_returns_results_in_submission_order(farm):
     runner, vocab = SyntheticRunner(), draft_vocab()
     with RemoteTargetBackend(",".join(urls), options=FAST) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
-        wait_until(lambda: backend.healthy_servers == 3)  # the backend returns once one server is healthy
+        assert backend.wait_for_servers(timeout=15) == 3  # the constructor returns once one server is healthy
         inputs = [make_batch(seed) for seed in range(12)]
         for got, sent in zip(backend.prefetch(inputs, depth=3), inputs, strict=True):
             assert_batch_matches(got, expected(runner, vocab, *sent), sent[1])

@@ -125,6 +125,11 @@ class RemoteTargetBackend:
     def healthy_servers(self) -> int:
         return len(self.pool.healthy())
 
+    def wait_for_servers(self, timeout: float = 60.0) -> int:
+        """Wait until every server found so far has joined or failed to (at most ``timeout`` seconds);
+        return the number of healthy servers. The constructor returns once the first one is ready."""
+        return self._call(self.pool.settle(timeout))
+
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         """Send the draft vocabulary to every server now and to every server that joins later."""
         blob = wire.encode(

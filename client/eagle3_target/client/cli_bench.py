@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
     p.add_argument("--depth", type=int, help="requests in flight (default: one per healthy server)")
     p.add_argument("--max-in-flight", type=int, default=1, help="requests per server (default 1)")
+    p.add_argument("--settle-timeout", type=float, default=60.0,
+                   help="seconds to wait for every server found to join before measuring (default 60)")
     p.add_argument("--data-path", choices=DATA_PATHS, default="auto",
                    help="wire, p2p (point-to-point; gloo on CPU servers) or auto (GPU-direct when possible)")
 
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         mask = torch.zeros(vocab, dtype=torch.bool)
         mask[:draft] = True
         backend.set_vocab_mapping(torch.arange(draft), mask)
-        print(f"{backend.healthy_servers} servers, model {info.get('model', '?')}, "
+        print(f"{backend.wait_for_servers(args.settle_timeout)} servers, model {info.get('model', '?')}, "
               f"B={args.batch_size} S={args.seq_len} draft vocab {draft}")  # fmt: skip
         print(measure(backend, args.batch_size, args.seq_len, args.batches, args.warmup, args.depth))
     return 0

@@ -139,6 +139,19 @@ class TargetPool:
                         + self.describe_members()
                     )
 
+    async def settle(self, timeout: float) -> int:
+        """Wait (at most ``timeout``) until no server is still joining; return how many are healthy.
+
+        start() returns as soon as one server is ready; a benchmark or probe wants the whole fleet."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with self._changed:
+            while any(m.state == JOINING for m in self.members.values()):
+                left = deadline - loop.time()
+                if left <= 0 or not await self._wait_changed(left):
+                    break
+        return len(self.healthy())
+
     async def _check_initial_models(self, urls: list[str]) -> None:
         """Refuse a mixed fleet up front rather than admitting whichever server answers first."""
         probe = aiohttp.ClientTimeout(total=min(10.0, self.options.request_timeout))
