@@ -193,6 +193,21 @@ async def test_sessions_expire_disconnect_ends_only_the_callers_session():
         assert (await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)).status == 200
 
 
+async def test_a_nemo_client_keeps_its_mapping_across_an_idle_pause_longer_than_the_ttl():
+    """A stock NeMo client never heartbeats and cannot re-send its mapping: expiry must not strand it."""
+    async with serve(lambda: SyntheticRunner(vocab_size=V), ServerOptions(session_ttl=1.0)) as srv:
+        await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))  # no session header: named by peer
+        await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()), headers={"X-Eagle3-Session": "ours"})
+        async with asyncio.timeout(10):
+            while len(srv.server.sessions):
+                await asyncio.sleep(0.2)  # both expire
+        body = generate_body(torch.zeros(1, 4, dtype=torch.long))
+        assert (await srv.post("generate", body)).status == 200
+        assert (await srv.post("generate", body, headers={"X-Eagle3-Session": "ours"})).status == 409  # re-sends
+        await srv.post("disconnect", b"{}")  # a goodbye forgets the mapping
+        assert (await srv.post("generate", body)).status == 409
+
+
 async def test_exit_on_disconnect_keeps_nemo_behaviour():
     async with serve(lambda: SyntheticRunner(vocab_size=V), ServerOptions(exit_on_disconnect=True)) as srv:
         resp = await srv.post("disconnect", b"{}")

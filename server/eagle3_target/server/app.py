@@ -30,7 +30,7 @@ from .dataplane import DataPlane, PortRange
 from .metrics import ServerMetrics
 from .requests import RequestError, parse_generate, parse_vocab_mapping
 from .runners import TargetRunner
-from .sessions import Session, SessionTable
+from .sessions import Session, SessionTable, session_id
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class TargetServer:
     @staticmethod
     def _session_id(request: web.Request) -> str:
         """The X-Eagle3-Session header, or the peer address for a client that sends none (stock NeMo)."""
-        return request.headers.get(spec.SESSION_HEADER) or f"peer:{request.remote}"
+        return session_id(request.headers.get(spec.SESSION_HEADER), request.remote)
 
     def _session(self, request: web.Request) -> Session:
         session = self.sessions.touch(self._session_id(request))

@@ -4,6 +4,11 @@ A session is named by the X-Eagle3-Session header, or by the peer address for
 a stock NeMo client that sends none. It holds that client's vocab mapping and
 ends on /disconnect or after ``ttl`` seconds without a request or heartbeat.
 Whoever owns per-session resources (the data plane) subscribes to endings.
+
+A NeMo client never heartbeats and cannot re-send its mapping, so an idle
+pause longer than the ttl (a long evaluation, say) must not cost it the
+mapping: when a peer-named session expires, its mapping is kept for that
+peer's next request. Its other resources are released as usual.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from eagle3_target.protocol.supervision import VocabMapping
+
+
+PEER_PREFIX = "peer:"
+
+
+def session_id(header: Optional[str], peer: Optional[str]) -> str:
+    return header or f"{PEER_PREFIX}{peer}"
 
 
 @dataclass
@@ -29,6 +41,7 @@ class SessionTable:
         self.ttl = ttl
         self._clock = clock
         self._sessions: dict[str, Session] = {}
+        self._kept_vocab: dict[str, VocabMapping] = {}  # expired peer-named sessions' mappings
         self._on_end: list[Callable[[Session], None]] = []
 
     def __len__(self) -> int:
@@ -41,7 +54,8 @@ class SessionTable:
         now = self._clock()
         session = self._sessions.get(session_id)
         if session is None:
-            session = self._sessions[session_id] = Session(session_id, now)
+            vocab = self._kept_vocab.pop(session_id, None)
+            session = self._sessions[session_id] = Session(session_id, now, vocab)
         session.last_seen = now
         return session
 
@@ -60,6 +74,9 @@ class SessionTable:
         deadline = self._clock() - self.ttl
         stale = [sid for sid, s in self._sessions.items() if s.last_seen < deadline]
         for sid in stale:
+            vocab = self._sessions[sid].vocab
+            if sid.startswith(PEER_PREFIX) and vocab is not None:
+                self._kept_vocab[sid] = vocab
             self.end(sid)
         return stale
 
