@@ -19,7 +19,6 @@ SET_VOCAB_MAPPING = "set_vocab_mapping"
 INIT_NCCL = "init_nccl"
 GENERATE = "generate"
 DISCONNECT = "disconnect"
-POST_ENDPOINTS = (HEARTBEAT, MODEL_INFO, INPUT_EMBEDDINGS, SET_VOCAB_MAPPING, INIT_NCCL, GENERATE, DISCONNECT)
 
 # Our extensions: a NeMo client never calls them.
 LIVEZ = "livez"
