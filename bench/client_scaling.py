@@ -39,10 +39,9 @@ def wait_healthy(url: str, timeout: float = 120.0) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with opener.open(url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return
+        with contextlib.suppress(OSError), opener.open(url + "/health", timeout=2) as response:
+            if response.status == 200:
+                return
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not become healthy")
 
@@ -55,13 +54,29 @@ def subprocess_servers(count: int, forward_delay: float):
     # against each other turn a sub-millisecond projection into tens of milliseconds.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "eagle3_target.cli", "--log-level", "WARNING", "serve",
-                          "--engine", "synthetic", "--host", h, "--port", str(p), "--forward-delay", str(forward_delay)],
-                         env=env)
-        for h, p in zip(hosts, ports)
-    ]  # fmt: skip
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "eagle3_target.cli",
+                "--log-level",
+                "WARNING",
+                "serve",
+                "--engine",
+                "synthetic",
+                "--host",
+                h,
+                "--port",
+                str(p),
+                "--forward-delay",
+                str(forward_delay),
+            ],
+            env=env,
+        )
+        for h, p in zip(hosts, ports, strict=False)
+    ]
     try:
-        urls = [f"http://{h}:{p}" for h, p in zip(hosts, ports)]
+        urls = [f"http://{h}:{p}" for h, p in zip(hosts, ports, strict=False)]
         for url in urls:
             wait_healthy(url)
         yield urls
@@ -89,7 +104,9 @@ def in_process_servers(count: int, forward_delay: float):
         await web.TCPSite(runner, host, 0).start()
         return runner, f"http://{host}:{runner.addresses[0][1]}"
 
-    started = [asyncio.run_coroutine_threadsafe(start(f"127.0.0.{i + 2}"), loop).result() for i in range(count)]
+    started = [
+        asyncio.run_coroutine_threadsafe(start(f"127.0.0.{i + 2}"), loop).result() for i in range(count)
+    ]
     try:
         for _, url in started:
             wait_healthy(url)
@@ -115,10 +132,14 @@ def main() -> int:
     torch.set_num_threads(1)  # the client's tensor work is tiny; see subprocess_servers
     servers = in_process_servers if args.in_process else subprocess_servers
 
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"python {platform.python_version()}, torch {torch.__version__}")  # fmt: skip
-    print(f"# servers {'in-process' if args.in_process else 'in subprocesses'}, forward delay "
-          f"{args.forward_delay * 1000:.0f} ms, B={args.batch_size} S={args.seq_len} draft vocab {args.draft_vocab}")  # fmt: skip
+    print(
+        f"# {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"python {platform.python_version()}, torch {torch.__version__}"
+    )
+    print(
+        f"# servers {'in-process' if args.in_process else 'in subprocesses'}, forward delay "
+        f"{args.forward_delay * 1000:.0f} ms, B={args.batch_size} S={args.seq_len} draft vocab {args.draft_vocab}"
+    )
     results = {}
     with servers(max(counts), args.forward_delay) as urls:
         for n in counts:
@@ -128,13 +149,16 @@ def main() -> int:
                 mask[: args.draft_vocab] = True
                 backend.set_vocab_mapping(torch.arange(args.draft_vocab), mask)
                 assert backend.wait_for_servers() == n, "not every server joined"
-                results[n] = tput = measure(backend, args.batch_size, args.seq_len,
-                                            args.batches_per_server * n, warmup=n, depth=n)  # fmt: skip
+                results[n] = tput = measure(
+                    backend, args.batch_size, args.seq_len, args.batches_per_server * n, warmup=n, depth=n
+                )
             ratio = tput.batches_per_s / (n * results[counts[0]].batches_per_s / counts[0])
             print(f"N={n}: {tput}  ratio {ratio:.3f}")
     ideal = 1 / args.forward_delay
-    print(f"# single-server ceiling 1/forward_delay = {ideal:.1f} batches/s; "
-          f"N=1 reached {results[counts[0]].batches_per_s / counts[0] / ideal:.1%} of it")  # fmt: skip
+    print(
+        f"# single-server ceiling 1/forward_delay = {ideal:.1f} batches/s; "
+        f"N=1 reached {results[counts[0]].batches_per_s / counts[0] / ideal:.1%} of it"
+    )
     return 0
 
 

@@ -50,7 +50,9 @@ def wait_ready(url: str, timeout: float = 120.0) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=8192, help="target vocabulary; the draft vocabulary is all of it")
+    p.add_argument(
+        "--vocab", type=int, default=8192, help="target vocabulary; the draft vocabulary is all of it"
+    )
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batches", type=int, default=10)
@@ -70,13 +72,19 @@ def main() -> None:
         for path in ("wire", "p2p"):
             with RemoteTargetBackend(url, options=PoolOptions(data_path=path)) as backend:
                 backend.set_vocab_mapping(torch.arange(args.vocab), torch.ones(args.vocab, dtype=torch.bool))
-                results[path] = measure(backend, args.batch_size, args.seq_len, args.batches, warmup=2, depth=1)
+                results[path] = measure(
+                    backend, args.batch_size, args.seq_len, args.batches, warmup=2, depth=1
+                )
                 channel = next(iter(backend.pool.members.values())).conn.p2p
-                print(f"{path:>4}: {results[path]}  [p2p transfers {channel.transfers}, fallbacks {channel.fallbacks}]")
+                print(
+                    f"{path:>4}: {results[path]}  [p2p transfers {channel.transfers}, fallbacks {channel.fallbacks}]"
+                )
         wire, p2p = (r.nbytes / r.seconds for r in (results["wire"], results["p2p"]))
         per_batch = results["wire"].nbytes / results["wire"].batches / 1e6
-        print(f"shape B={args.batch_size} S={args.seq_len} hidden={args.hidden} vocab={args.vocab} "
-              f"({per_batch:.1f} MB/batch); p2p / wire throughput = {p2p / wire:.2f}x")  # fmt: skip
+        print(
+            f"shape B={args.batch_size} S={args.seq_len} hidden={args.hidden} vocab={args.vocab} "
+            f"({per_batch:.1f} MB/batch); p2p / wire throughput = {p2p / wire:.2f}x"
+        )
     finally:
         server.terminate()
         server.join(10)

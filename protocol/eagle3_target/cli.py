@@ -12,7 +12,10 @@ import sys
 COMMANDS = {
     "serve": ("eagle3_target.server.cli", "run a target server"),
     "operator": ("eagle3_target.operator.cli", "run the Eagle3Target operator"),
-    "probe": ("eagle3_target.client.cli_probe", "list the target servers a trainer finds, with state and latency"),
+    "probe": (
+        "eagle3_target.client.cli_probe",
+        "list the target servers a trainer finds, with state and latency",
+    ),
     "bench": ("eagle3_target.client.cli_bench", "measure client throughput with synthetic batches"),
 }
 
@@ -28,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == chosen:  # import only the module of the command being run
             importlib.import_module(module).add_arguments(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     return importlib.import_module(COMMANDS[args.command][0]).run(args)
 
 

@@ -1,7 +1,6 @@
 """Fixtures of the chart tests: real helm and kubectl binaries (see tests/tools.py)."""
 
 import pytest
-
 from tools import Tools, install_tools
 
 

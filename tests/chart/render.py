@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from tools import REPO, Tools
 
 CHART = REPO / "charts" / "eagle3-target"
@@ -31,8 +30,17 @@ def set_args(values: dict[str, str]) -> list[str]:
 
 def template(tools: Tools, values: dict[str, str], api_versions: tuple[str, ...] = ()) -> list[dict]:
     """Every object `helm template` renders (CRDs and test hooks included); values are JSON per key."""
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
-            "--include-crds", *set_args(values)]  # fmt: skip
+    args = [
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        KUBE_VERSION,
+        "--include-crds",
+        *set_args(values),
+    ]
     for api in api_versions:
         args += ["--api-versions", api]
     return [doc for doc in yaml.safe_load_all(helm(tools, *args).stdout) if doc]

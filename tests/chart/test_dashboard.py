@@ -6,13 +6,13 @@ import json
 import re
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from chart.render import CHART
+from prometheus_client.parser import text_string_to_metric_families
+from target_support import serve
+
 from eagle3_target.protocol import spec
 from eagle3_target.server.metrics import GENERATE_PHASES
 from eagle3_target.server.runners.synthetic import SyntheticRunner
-from target_support import serve
 
 DASHBOARD = json.loads((CHART / "dashboards" / "eagle3-target.json").read_text())
 # Labels Prometheus (and the Prometheus Operator's monitors) attach to every scraped series.
@@ -56,10 +56,12 @@ def problems(exprs: list[str], exported: dict[str, set[str]]) -> list[str]:
 
 @pytest.fixture
 async def scraped() -> dict[str, set[str]]:
-    async with serve(lambda: SyntheticRunner()) as target:  # waits for /health 200: the model is loaded
-        async with target.http.get(f"{target.url}/{spec.METRICS}") as response:
-            assert response.status == 200
-            return series_labels(await response.text())
+    async with (
+        serve(lambda: SyntheticRunner()) as target,  # waits for /health 200: the model is loaded
+        target.http.get(f"{target.url}/{spec.METRICS}") as response,
+    ):
+        assert response.status == 200
+        return series_labels(await response.text())
 
 
 async def test_every_metric_the_dashboard_queries_is_exported(scraped):
@@ -106,7 +108,9 @@ def test_dashboard_is_importable_grafana_json():
     ids = [p["id"] for p in DASHBOARD["panels"]]
     assert len(ids) == len(set(ids))
     variables = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
     for panel in DASHBOARD["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]

@@ -10,18 +10,22 @@ import sys
 import threading
 
 from chart.render import CHART
-from eagle3_target.server.runners.synthetic import SyntheticRunner
 from target_support import serve
+
+from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 SCRIPT = CHART / "files" / "check_fleet.py"
 
 
 async def run_check(env: dict[str, str]) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SCRIPT.read_text(),  # as the test pod runs it: python3 -c <script>
+        sys.executable,
+        "-c",
+        SCRIPT.read_text(),  # as the test pod runs it: python3 -c <script>
         env={"PATH": os.environ.get("PATH", ""), "DEADLINE_S": "1", **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
     return proc.returncode, out.decode()
 
@@ -40,12 +44,14 @@ async def test_fails_while_a_replica_is_still_loading():
         release.wait(30)
         return SyntheticRunner()
 
-    async with serve(SyntheticRunner, host="127.0.0.2") as ready:
-        async with serve(slow_loader, host="127.0.0.3", wait=False) as loading:
-            try:
-                code, out = await run_check({"TARGET_URLS": f"{ready.url} {loading.url}"})
-            finally:
-                release.set()
+    async with (
+        serve(SyntheticRunner, host="127.0.0.2") as ready,
+        serve(slow_loader, host="127.0.0.3", wait=False) as loading,
+    ):
+        try:
+            code, out = await run_check({"TARGET_URLS": f"{ready.url} {loading.url}"})
+        finally:
+            release.set()
     assert code == 1, out
     assert f"ok   {ready.url}" in out
     assert f"FAIL {loading.url}/health answered 503" in out

@@ -8,10 +8,21 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from chart.render import (
+    CHART,
+    KUBE_VERSION,
+    MONITORING_APIS,
+    NAMESPACE,
+    RELEASE,
+    find,
+    helm,
+    one,
+    set_args,
+    template,
+)
+from tools import REPO
 
 from eagle3_target.operator import builders
-from chart.render import CHART, KUBE_VERSION, MONITORING_APIS, NAMESPACE, RELEASE, find, helm, one, set_args, template
-from tools import REPO
 
 TARGET = RELEASE  # the Eagle3Target is named after the release's full name, which is the chart name here
 RENDERS = {
@@ -28,7 +39,11 @@ RENDERS = {
     ),
     "operatorOff": ({"operator.enabled": "false"}, ()),
     "pdbAndNetworkPolicy": (
-        {"podDisruptionBudget.enabled": "true", "networkPolicy.enabled": "true", "monitoring.podMonitor.enabled": "true"},
+        {
+            "podDisruptionBudget.enabled": "true",
+            "networkPolicy.enabled": "true",
+            "monitoring.podMonitor.enabled": "true",
+        },
         MONITORING_APIS,
     ),
     "watchNamespaces": ({"operator.watchNamespaces": '["trainers", "research"]'}, ()),
@@ -92,11 +107,14 @@ def undeclared_fields(value, schema: dict, path: str = "") -> list[str]:
 
 def check_eagle3target(obj: dict, crd: dict) -> list[str]:
     schema = crd_schema(crd)
-    problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-                for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]  # fmt: skip
-    return problems + [f"{p} is not in the CRD schema" for p in undeclared_fields(obj.get("spec", {}),
-                                                                                    schema["properties"]["spec"],
-                                                                                    "spec")]
+    problems = [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(obj)
+    ]
+    return problems + [
+        f"{p} is not in the CRD schema"
+        for p in undeclared_fields(obj.get("spec", {}), schema["properties"]["spec"], "spec")
+    ]
 
 
 def test_lint_strict(tools):
@@ -145,7 +163,9 @@ def test_crd_schema_check_catches_bad_and_unknown_fields(renders, crd):
 
 
 def test_the_crd_in_the_chart_is_manifests_crd_byte_for_byte():
-    assert (CHART / "crds" / "eagle3targets.yaml").read_bytes() == (REPO / "manifests" / "crd.yaml").read_bytes(), (
+    assert (CHART / "crds" / "eagle3targets.yaml").read_bytes() == (
+        REPO / "manifests" / "crd.yaml"
+    ).read_bytes(), (
         "copy manifests/crd.yaml to charts/eagle3-target/crds/eagle3targets.yaml (manifests/ is the source of truth)"
     )
 
@@ -158,8 +178,15 @@ def test_defaults_install_crd_operator_and_a_gpu_fleet(renders):
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["eagle3-target"]
-    assert container["args"] == ["--log-level=INFO", "operator", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
-    assert {"name": "EAGLE3_TARGET_IMAGE", "value": "ghcr.io/eagle3-target/eagle3-target:0.1.0"} in container["env"]
+    assert container["args"] == [
+        "--log-level=INFO",
+        "operator",
+        "--all-namespaces",
+        "--liveness=http://0.0.0.0:8080/healthz",
+    ]
+    assert {"name": "EAGLE3_TARGET_IMAGE", "value": "ghcr.io/eagle3-target/eagle3-target:0.1.0"} in container[
+        "env"
+    ]
     spec = one(objects, "Eagle3Target", TARGET)["spec"]
     assert spec["replicas"] == 1 and spec["gpusPerReplica"] == 1 and spec["hostNetwork"] is False
     assert spec["ports"] == {"http": 8001, "nccl": {"start": 29500, "end": 29755, "perReplica": 8}}
@@ -179,12 +206,19 @@ def test_values_reach_the_eagle3target(renders):
 
 def test_chart_owns_no_operator_children(renders):
     """Helm 4 applies server-side: the chart must not own what the operator writes (pods, Services, replicas)."""
-    children = {builders.pod_name(TARGET, i) for i in range(8)} | {TARGET, builders.peers_service_name(TARGET),
-                                                                     builders.client_configmap_name(TARGET)}
+    children = {builders.pod_name(TARGET, i) for i in range(8)} | {
+        TARGET,
+        builders.peers_service_name(TARGET),
+        builders.client_configmap_name(TARGET),
+    }
     for render_name, objects in renders.items():
         for obj in objects:
             if obj["kind"] in {"Pod", "Service", "ConfigMap", "StatefulSet", "ReplicaSet"}:
-                assert obj["metadata"]["name"] not in children, (render_name, obj["kind"], obj["metadata"]["name"])
+                assert obj["metadata"]["name"] not in children, (
+                    render_name,
+                    obj["kind"],
+                    obj["metadata"]["name"],
+                )
         assert not find(objects, "Service") and not find(objects, "StatefulSet"), render_name
 
 
@@ -194,15 +228,23 @@ def test_every_object_carries_the_recommended_labels(renders):
             if obj["kind"] == "CustomResourceDefinition":
                 continue  # crds/ is not templated
             labels = obj["metadata"]["labels"]
-            for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
-                        "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "helm.sh/chart"):  # fmt: skip
+            for key in (
+                "app.kubernetes.io/name",
+                "app.kubernetes.io/instance",
+                "app.kubernetes.io/version",
+                "app.kubernetes.io/managed-by",
+                "app.kubernetes.io/part-of",
+                "helm.sh/chart",
+            ):
                 assert key in labels, (render_name, obj["kind"], obj["metadata"]["name"], key)
             assert labels["app.kubernetes.io/instance"] == RELEASE
 
 
 def pod_specs(objects: list[dict]) -> list[tuple[str, dict]]:
     specs = [(o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] == "Pod"]
-    return specs + [(o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] == "Deployment"]
+    return specs + [
+        (o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] == "Deployment"
+    ]
 
 
 def test_chart_pods_run_restricted(renders):
@@ -232,7 +274,9 @@ def test_operator_rbac_mirrors_manifests(renders):
     cluster = renders["defaults"]
     assert one(cluster, "ClusterRole", f"{RELEASE}-operator")["rules"] == reference
     binding = one(cluster, "ClusterRoleBinding", f"{RELEASE}-operator")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}
+    ]
 
     scoped = renders["watchNamespaces"]
     namespaced = [rule for rule in reference if rule["resources"] != ["namespaces"]]
@@ -256,13 +300,19 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
     assert {"protocol": "TCP", "port": "http"} in trainers["ports"]
     assert {"protocol": "TCP", "port": 29500, "endPort": 29755} in trainers["ports"]
     assert metrics["ports"] == [{"protocol": "TCP", "port": "http"}]
-    assert metrics["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert metrics["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
     test_pod = one(objects, "Pod")
-    assert test_pod["metadata"]["labels"]["eagle3.dev/trainer"] == "true", "helm test must get past the policy"
+    assert test_pod["metadata"]["labels"]["eagle3.dev/trainer"] == "true", (
+        "helm test must get past the policy"
+    )
 
     everything = renders["everything"]
     assert one(everything, "PodDisruptionBudget")["spec"] == {
-        "minAvailable": "50%", "selector": {"matchLabels": builders.selector(TARGET)}}  # fmt: skip
+        "minAvailable": "50%",
+        "selector": {"matchLabels": builders.selector(TARGET)},
+    }
     (trainers,) = one(everything, "NetworkPolicy")["spec"]["ingress"]  # no monitors: no metrics rule
     assert trainers["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "ml"}}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from chart.render import CHART, NAMESPACE, RELEASE, helm, install_dry_run, set_args
 
 BAD_VALUES = [
@@ -23,12 +22,18 @@ BAD_VALUES = [
     ({"target.authTokenSecret": '{"key": "token"}'}, "missing property 'name'"),
     ({"operator.watchNamespaces": '["Not A Namespace"]'}, "at '/operator/watchNamespaces/0'"),
     ({"networkPolicy.trainerSelector": "null"}, "at '/networkPolicy': missing property 'trainerSelector'"),
-    ({"networkPolicy.trainerSelector": '{"role": 1}'}, "at '/networkPolicy/trainerSelector/role': got number, want string"),
+    (
+        {"networkPolicy.trainerSelector": '{"role": 1}'},
+        "at '/networkPolicy/trainerSelector/role': got number, want string",
+    ),
     ({"podDisruptionBudget.maxUnavailable": '"half"'}, "at '/podDisruptionBudget/maxUnavailable'"),
     ({"monitoring.serviceMonitor.interval": '"5 minutes"'}, "does not match pattern"),
     ({"monitring": "{}"}, "additional properties 'monitring' not allowed"),
     # Rules JSON schema cannot say, checked by the templates with the same clarity.
-    ({"target.ports.nccl.end": "29000"}, "target.ports.nccl.end (29000) must not be below target.ports.nccl.start"),
+    (
+        {"target.ports.nccl.end": "29000"},
+        "target.ports.nccl.end (29000) must not be below target.ports.nccl.start",
+    ),
 ]
 
 
@@ -64,14 +69,21 @@ def test_notes_name_the_dns_a_trainer_uses_and_the_fleet(tools):
     assert f"{fqdn}:8001" in notes
     assert f"{RELEASE}-<i>.{RELEASE}-peers.{NAMESPACE}.svc.cluster.local" in notes
     assert f"kubectl get eagle3target {RELEASE} -n {NAMESPACE}" in notes
-    assert f"kubectl get pods -n {NAMESPACE} -l eagle3.dev/target={RELEASE},app.kubernetes.io/component=target" in notes
+    assert (
+        f"kubectl get pods -n {NAMESPACE} -l eagle3.dev/target={RELEASE},app.kubernetes.io/component=target"
+        in notes
+    )
     assert f"name: {RELEASE}-client" in notes
     assert "kubectl apply --server-side" in notes  # the CRD upgrade path
     assert "WARNING" not in notes
 
 
 def test_notes_warn_about_host_network_and_missing_monitoring_api(tools):
-    values = {"target.hostNetwork": "true", "networkPolicy.enabled": "true", "monitoring.serviceMonitor.enabled": "true"}
+    values = {
+        "target.hostNetwork": "true",
+        "networkPolicy.enabled": "true",
+        "monitoring.serviceMonitor.enabled": "true",
+    }
     notes = install_dry_run(tools, values).split("NOTES:", 1)[1]
     assert "networkPolicy.enabled has no effect: pods on the host network are outside NetworkPolicy" in notes
     assert "privileged Pod Security level" in notes

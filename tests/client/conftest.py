@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 from aiohttp import web
-from dnslib import QTYPE, RR, A, SRV
+from dnslib import QTYPE, RR, SRV, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from eagle3_target.server.app import ServerOptions, TargetServer
@@ -88,7 +88,9 @@ class ServerFarm:
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
-    def start(self, host: str, port: int = 0, *, options: ServerOptions | None = None, **runner_options) -> str:
+    def start(
+        self, host: str, port: int = 0, *, options: ServerOptions | None = None, **runner_options
+    ) -> str:
         """Start a synthetic target server and return its URL once it answers /health with 200."""
         server = TargetServer(lambda: SyntheticRunner(**runner_options), options or ServerOptions())
 
@@ -148,8 +150,22 @@ def farm():
 class ServerProcess:
     def __init__(self, host: str, port: int, forward_delay: float):
         self.url = f"http://{host}:{port}"
-        cmd = [sys.executable, "-m", "eagle3_target.cli", "--log-level", "WARNING", "serve", "--engine", "synthetic",
-               "--host", host, "--port", str(port), "--forward-delay", str(forward_delay)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3_target.cli",
+            "--log-level",
+            "WARNING",
+            "serve",
+            "--engine",
+            "synthetic",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--forward-delay",
+            str(forward_delay),
+        ]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def kill(self) -> None:
@@ -184,4 +200,3 @@ def _no_proxy_leak(monkeypatch):
     monkeypatch.delenv("EAGLE3_TARGET_SERVICE", raising=False)
     monkeypatch.delenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", raising=False)
     yield
-

@@ -7,7 +7,13 @@ import time
 import pytest
 import torch
 
-from eagle3_target.client import BatchFailedError, ModelMismatchError, PoolOptions, RemoteTargetBackend, ServerError
+from eagle3_target.client import (
+    BatchFailedError,
+    ModelMismatchError,
+    PoolOptions,
+    RemoteTargetBackend,
+    ServerError,
+)
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
@@ -23,7 +29,9 @@ def test_batches_match_the_reference_and_embeddings_are_cached(farm):
     runner, vocab = SyntheticRunner(), draft_vocab()
     with RemoteTargetBackend(urls, options=FAST) as backend:
         info = backend.model_info()
-        assert info["hidden_size"] == 64 and info["vocab_size"] == 512 and info["aux_layer_ids"] == [1, 15, 28]
+        assert (
+            info["hidden_size"] == 64 and info["vocab_size"] == 512 and info["aux_layer_ids"] == [1, 15, 28]
+        )
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         for seed in range(6):
             inputs = make_batch(seed)
@@ -50,7 +58,7 @@ def test_prefetch_returns_results_in_submission_order(farm):
         for got, sent in zip(backend.prefetch(inputs, depth=3), inputs, strict=True):
             assert_batch_matches(got, expected(runner, vocab, *sent), sent[1])
         handles = [backend.generate_batch_async(*sent) for sent in inputs[:3]]
-        for handle, sent in zip(reversed(handles), reversed(inputs[:3])):
+        for handle, sent in zip(reversed(handles), reversed(inputs[:3]), strict=False):
             assert_batch_matches(handle.result(timeout=10), expected(runner, vocab, *sent), sent[1])
 
 
@@ -117,9 +125,11 @@ def test_client_errors_are_raised_at_once_not_retried(farm):
 
 def test_generate_before_vocab_mapping_is_a_clear_error(farm):
     url = farm.start("127.0.0.2")
-    with RemoteTargetBackend(url, options=FAST) as backend:
-        with pytest.raises(ServerError, match="no_vocab_mapping"):
-            backend.generate_batch(*make_batch(0))
+    with (
+        RemoteTargetBackend(url, options=FAST) as backend,
+        pytest.raises(ServerError, match="no_vocab_mapping"),
+    ):
+        backend.generate_batch(*make_batch(0))
 
 
 def test_deadline_names_every_server_tried(farm):

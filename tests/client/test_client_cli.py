@@ -21,7 +21,9 @@ def test_probe_lists_servers_found_through_dns(farm, dns_server, capsys):
     out = capsys.readouterr().out
     assert code == 1, out
     lines = out.splitlines()
-    assert lines[0].startswith(up) and "ready" in lines[0] and "rtt" in lines[0] and "hidden_size=64" in lines[0]
+    assert (
+        lines[0].startswith(up) and "ready" in lines[0] and "rtt" in lines[0] and "hidden_size=64" in lines[0]
+    )
     assert lines[1].startswith(f"http://127.0.0.3:{port}") and "down" in lines[1]
     assert lines[-1] == "1/2 servers ready"
     assert len(farm.server(up).sessions) == 0  # the probe ended its session
@@ -45,8 +47,20 @@ def test_probe_names_a_name_that_does_not_resolve(dns_server, capsys):
 
 def test_bench_prints_throughput(farm, capsys):
     urls = [farm.start("127.0.0.2"), farm.start("127.0.0.3")]
-    code = main(["bench", ",".join(urls), "--batch-size", "2", "--seq-len", "64", "--batches", "6",
-                 "--draft-vocab", "100"])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            ",".join(urls),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "64",
+            "--batches",
+            "6",
+            "--draft-vocab",
+            "100",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "2 servers" in out and "B=2 S=64 draft vocab 100" in out

@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
-
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch, wait_until
@@ -15,8 +14,15 @@ from .client_support import assert_batch_matches, draft_vocab, expected, free_po
 pytestmark = pytest.mark.timeout(90)
 
 SERVICE = "targets.team.svc.cluster.local"
-OPTIONS = PoolOptions(resolve_interval=0.2, min_resolve_gap=0.1, deadline=20, start_timeout=20, backoff_base=0.01,
-                      backoff_max=0.2, heartbeat_interval=0.3)  # fmt: skip
+OPTIONS = PoolOptions(
+    resolve_interval=0.2,
+    min_resolve_gap=0.1,
+    deadline=20,
+    start_timeout=20,
+    backoff_base=0.01,
+    backoff_max=0.2,
+    heartbeat_interval=0.3,
+)
 
 
 def generate_count(farm, url: str, code: str) -> float:
@@ -44,14 +50,16 @@ def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
             assert generate_count(farm, url, "200") > 0
             assert generate_count(farm, url, "409") == 0
         for url in urls[1:]:  # drained: our session there was ended, the server itself keeps running
-            wait_until(lambda: backend.session_id not in farm.server(url).sessions._sessions)
+            wait_until(lambda url=url: backend.session_id not in farm.server(url).sessions._sessions)
         assert backend.session_id in farm.server(urls[0]).sessions._sessions
         assert backend.pool.describe_members() == f"{urls[0]} healthy"
 
 
 def test_a_records_two_four_one(farm, dns_server):
     port = free_port()
-    urls = {host: farm.start(host, port, forward_delay=0.01) for host in (f"127.0.0.{i}" for i in range(2, 6))}
+    urls = {
+        host: farm.start(host, port, forward_delay=0.01) for host in (f"127.0.0.{i}" for i in range(2, 6))
+    }
 
     def set_pods(hosts):
         dns_server.set_a(SERVICE, hosts)
@@ -78,7 +86,9 @@ def test_backend_waits_for_a_name_that_resolves_late(farm, dns_server):
     url = farm.start("127.0.0.2")
     port = int(url.rsplit(":", 1)[1])
     threading.Timer(0.7, dns_server.set_a, (SERVICE, ["127.0.0.2"])).start()
-    with RemoteTargetBackend(f"dns://{SERVICE}:{port}", nameserver=dns_server.address, options=OPTIONS) as backend:
+    with RemoteTargetBackend(
+        f"dns://{SERVICE}:{port}", nameserver=dns_server.address, options=OPTIONS
+    ) as backend:
         assert backend.healthy_servers == 1
 
 
@@ -87,9 +97,17 @@ def test_a_connection_error_triggers_resolution_at_once(farm, dns_server):
     port = free_port()
     old, new = farm.start("127.0.0.2", port), farm.start("127.0.0.3", port)
     dns_server.set_a(SERVICE, ["127.0.0.2"])
-    options = PoolOptions(resolve_interval=3600, min_resolve_gap=0.1, deadline=20, start_timeout=20,
-                          backoff_base=0.01, backoff_max=0.2)  # fmt: skip
-    with RemoteTargetBackend(f"dns://{SERVICE}:{port}", nameserver=dns_server.address, options=options) as backend:
+    options = PoolOptions(
+        resolve_interval=3600,
+        min_resolve_gap=0.1,
+        deadline=20,
+        start_timeout=20,
+        backoff_base=0.01,
+        backoff_max=0.2,
+    )
+    with RemoteTargetBackend(
+        f"dns://{SERVICE}:{port}", nameserver=dns_server.address, options=options
+    ) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         backend.generate_batch(*make_batch(0))
         dns_server.set_a(SERVICE, ["127.0.0.3"])  # the pod moved; the timer alone would notice in an hour

@@ -58,7 +58,9 @@ async def test_a_and_srv_records(dns_server):
     dns_server.set_a(f"pod-1.{SERVICE}", ["127.0.0.5"])
     dns_server.set_srv(f"_http._tcp.{SERVICE}", [(f"pod-0.{SERVICE}", 9001), (f"pod-1.{SERVICE}", 9002)])
     resolver = make_resolver(dns_server.address)
-    urls = await EndpointResolver(parse_specs(f"dns://{SERVICE}:8005, http://127.0.0.9:1"), resolver).resolve()
+    urls = await EndpointResolver(
+        parse_specs(f"dns://{SERVICE}:8005, http://127.0.0.9:1"), resolver
+    ).resolve()
     assert urls == ["http://127.0.0.2:8005", "http://127.0.0.3:8005", "http://127.0.0.9:1"]
     urls = await EndpointResolver(parse_specs(f"srv://_http._tcp.{SERVICE}"), resolver).resolve()
     assert urls == ["http://127.0.0.4:9001", "http://127.0.0.5:9002"]

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.timeout(120)
 def test_killing_a_server_mid_run_loses_and_duplicates_nothing(spawn_server):
     hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     servers = [spawn_server(host, free_port(host), forward_delay=0.05) for host in hosts]
-    options = PoolOptions(deadline=30, start_timeout=60, backoff_base=0.01, backoff_max=0.2, resolve_interval=0.5)
+    options = PoolOptions(
+        deadline=30, start_timeout=60, backoff_base=0.01, backoff_max=0.2, resolve_interval=0.5
+    )
     runner, vocab = SyntheticRunner(dtype="float32"), draft_vocab()  # `serve` defaults to float32 on CPU
     with RemoteTargetBackend([s.url for s in servers], options=options) as backend:
         wait_until(lambda: backend.healthy_servers == 3, timeout=60)  # processes start in parallel
@@ -27,7 +29,7 @@ def test_killing_a_server_mid_run_loses_and_duplicates_nothing(spawn_server):
             if index == 10:
                 servers[1].kill()  # requests to it are in flight now (depth 3 over 3 servers)
         assert len(results) == len(inputs)
-        for got, sent in zip(results, inputs):
+        for got, sent in zip(results, inputs, strict=False):
             assert_batch_matches(got, expected(runner, vocab, *sent), sent[1])
         assert backend.pool.failovers >= 1  # the killed server held a batch, which went elsewhere
         assert backend.healthy_servers == 2

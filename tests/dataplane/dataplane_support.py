@@ -47,16 +47,32 @@ class ServerProcess:
     def wait_metric(self, name: str, value: float, timeout: float = 15.0, **labels) -> None:
         deadline = time.monotonic() + timeout
         while self.metric(name, **labels) != value:
-            assert time.monotonic() < deadline, f"{name}{labels} never reached {value} (is {self.metric(name, **labels)})"
+            assert time.monotonic() < deadline, (
+                f"{name}{labels} never reached {value} (is {self.metric(name, **labels)})"
+            )
             time.sleep(0.05)
 
 
 def start_server(*extra: str) -> ServerProcess:
     port = free_port()
     ports = port_range()
-    cmd = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "synthetic", "--host", "127.0.0.1",
-           "--port", str(port), "--nccl-port-range", f"{ports[0]}-{ports[1]}", "--p2p-timeout", str(P2P_TIMEOUT),
-           *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_target.cli",
+        "serve",
+        "--engine",
+        "synthetic",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--nccl-port-range",
+        f"{ports[0]}-{ports[1]}",
+        "--p2p-timeout",
+        str(P2P_TIMEOUT),
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -74,8 +90,15 @@ def start_server(*extra: str) -> ServerProcess:
 
 def worker(mode: str, url: str, *args: str, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(WORKER), mode, url, *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), mode, url, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kwargs,
+    )
 
 
 def result(proc: subprocess.Popen, timeout: float = 90.0) -> dict:

@@ -49,8 +49,12 @@ def expected(ids, loss, vocab):
 
 
 def run_batches(args) -> None:
-    options = PoolOptions(data_path=args.data_path, request_timeout=args.timeout, deadline=3 * args.timeout,
-                          start_timeout=args.timeout)  # fmt: skip
+    options = PoolOptions(
+        data_path=args.data_path,
+        request_timeout=args.timeout,
+        deadline=3 * args.timeout,
+        start_timeout=args.timeout,
+    )
     vocab = draft_vocab()
     with RemoteTargetBackend(args.url, options=options) as backend:
         backend.set_vocab_mapping(*vocab)
@@ -65,14 +69,23 @@ def run_batches(args) -> None:
             got = backend.generate_batch(ids, mask, loss).as_dict()
             want = expected(ids, loss, vocab)
             ok &= all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in spec.SUPERVISION_KEYS)
-        print(json.dumps({"ok": ok, "transfers": conn.p2p.transfers, "fallbacks": conn.p2p.fallbacks,
-                          "session": backend.session_id}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "transfers": conn.p2p.transfers,
+                    "fallbacks": conn.p2p.fallbacks,
+                    "session": backend.session_id,
+                }
+            ),
+            flush=True,
+        )
 
 
 async def stall(args) -> None:
     async with aiohttp.ClientSession() as http:
         conn = ServerConnection(args.url, http, "staller", timeout=args.timeout)
-        await conn.set_vocab_mapping(wire.encode(dict(zip(spec.VOCAB_KEYS, draft_vocab()))))
+        await conn.set_vocab_mapping(wire.encode(dict(zip(spec.VOCAB_KEYS, draft_vocab(), strict=False))))
         channel = P2PChannel("p2p", timeout=args.timeout)
         group = await channel._group(conn)
         ids, mask, loss = make_batch(7, args.batch, args.seq)

@@ -6,13 +6,13 @@ import socket
 
 import pytest
 import torch
+from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import spec, wire
 from eagle3_target.protocol.transport import PeerGroup, TransferError, listen
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.dataplane import PortRange
 from eagle3_target.server.runners.synthetic import SyntheticRunner
-from target_support import generate_body, serve, vocab_body
 
 from .dataplane_support import port_range
 
@@ -86,8 +86,11 @@ async def test_unjoined_group_is_torn_down_and_generate_falls_back_to_the_wire()
         reply = await init(srv, "lonely", {"backend": "gloo"})
         assert reply["status"] == "ok"
         # Nobody joins: the request waits out the rendezvous, then gets the wire blob without the echo.
-        async with srv.http.post(f"{srv.url}/generate", data=generate_body(torch.ones(1, 8, dtype=torch.long)),
-                                 headers={**headers, spec.NCCL_HEADER: "1"}) as resp:  # fmt: skip
+        async with srv.http.post(
+            f"{srv.url}/generate",
+            data=generate_body(torch.ones(1, 8, dtype=torch.long)),
+            headers={**headers, spec.NCCL_HEADER: "1"},
+        ) as resp:
             assert resp.status == 200 and spec.NCCL_HEADER not in resp.headers
             assert set(wire.decode(bytearray(await resp.read()))) == set(spec.SUPERVISION_KEYS)
         assert "lonely" not in srv.server.dataplane.groups
@@ -105,16 +108,27 @@ async def test_named_port_handshake_sequence_numbers_and_mismatch():
         assert reply["status"] == "ok" and reply["nccl_port"] == port
         body = generate_body(torch.arange(16).view(2, 8))
         for seq in (0, 1):
-            async with srv.http.post(f"{srv.url}/generate", data=body, headers={
-                    **headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)}) as resp:  # fmt: skip
-                assert resp.headers[spec.NCCL_HEADER] == "1" and resp.headers[spec.SEQUENCE_HEADER] == str(seq)
+            async with srv.http.post(
+                f"{srv.url}/generate",
+                data=body,
+                headers={**headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)},
+            ) as resp:
+                assert resp.headers[spec.NCCL_HEADER] == "1" and resp.headers[spec.SEQUENCE_HEADER] == str(
+                    seq
+                )
                 metadata = spec.decode_metadata(await resp.read())
             assert list(metadata) == list(spec.SUPERVISION_KEYS)
             tensors = await asyncio.to_thread(group.recv, metadata, seq, 5.0)
-            assert tensors["position_mask"].dtype == torch.bool and tensors["target_probs"].shape[-1] == V // 5 + 1
+            assert (
+                tensors["position_mask"].dtype == torch.bool
+                and tensors["target_probs"].shape[-1] == V // 5 + 1
+            )
         # Out of sequence: answered over the wire, the server's group is gone.
-        async with srv.http.post(f"{srv.url}/generate", data=body, headers={
-                **headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: "5"}) as resp:  # fmt: skip
+        async with srv.http.post(
+            f"{srv.url}/generate",
+            data=body,
+            headers={**headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: "5"},
+        ) as resp:
             assert spec.NCCL_HEADER not in resp.headers
             wire.decode(bytearray(await resp.read()))
         assert "nemo-like" not in srv.server.dataplane.groups

@@ -26,8 +26,9 @@ def test_client_killed_mid_transfer_then_next_clients_served_on_both_paths(serve
     read_line(staller, "STALLED")
     staller.send_signal(signal.SIGKILL)
     staller.wait(10)
-    server_process.wait_metric("eagle3_target_p2p_teardowns_total", failed + 1, timeout=P2P_TIMEOUT + 5,
-                               reason="send_failed")  # fmt: skip
+    server_process.wait_metric(
+        "eagle3_target_p2p_teardowns_total", failed + 1, timeout=P2P_TIMEOUT + 5, reason="send_failed"
+    )
     assert result(worker("batches", server_process.url, "--data-path", "wire", "--batches", "1"))["ok"]
     out = result(worker("batches", server_process.url, "--batches", "2"))
     assert out == {**out, "ok": True, "transfers": 2, "fallbacks": 0}

@@ -12,11 +12,11 @@ from nemo_automodel.components.speculative.eagle.remote import RemoteEagle3Targe
 from nemo_automodel.components.speculative.eagle.remote import wire as nemo_wire
 from nemo_automodel.components.speculative.eagle.remote.server import TargetModelServer
 from nemo_automodel.components.speculative.eagle.target import HFEagle3TargetModel
+from target_support import generate_body, serve, vocab_body
 from transformers import AutoModelForCausalLM
 
 from eagle3_target.protocol import wire
 from eagle3_target.server.runners.hf import HFRunner
-from target_support import generate_body, serve, vocab_body
 
 V = 512
 
@@ -41,7 +41,9 @@ def batches():
 
 async def test_generate_bodies_equal_nemos_own_server_logic_byte_for_byte(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("NEMO_EAGLE_ENABLE_NCCL", "0")
-    nemo = TargetModelServer(HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), nccl_port=1)
+    nemo = TargetModelServer(
+        HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), nccl_port=1
+    )
     ids, mask = draft_vocab()
     async with serve(lambda: HFRunner.load(tiny_model_dir)) as srv:
         body = vocab_body(ids, mask)
@@ -65,8 +67,9 @@ async def test_generate_bodies_equal_nemos_own_server_logic_byte_for_byte(tiny_m
 
 async def test_unmodified_nemo_client_trains_against_our_server(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("NEMO_EAGLE_ENABLE_NCCL", "0")
-    reference = TargetModelServer(HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dir)),
-                                  nccl_port=1)  # fmt: skip
+    reference = TargetModelServer(
+        HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), nccl_port=1
+    )
     ids, mask = draft_vocab()
     reference.handle_set_vocab_mapping(vocab_body(ids, mask))
     async with serve(lambda: HFRunner.load(tiny_model_dir)) as srv:
@@ -89,14 +92,18 @@ async def test_unmodified_nemo_client_trains_against_our_server(tiny_model_dir, 
         assert (await srv.get("health")).status == 200
 
     assert info["aux_layer_ids"] == [1, 3, 4] and info["vocab_size"] == V
-    assert torch.equal(weight, AutoModelForCausalLM.from_pretrained(tiny_model_dir).get_input_embeddings().weight)
+    assert torch.equal(
+        weight, AutoModelForCausalLM.from_pretrained(tiny_model_dir).get_input_embeddings().weight
+    )
     expected = []
     for batch in batches():
         body, _ = reference.handle_generate(generate_body(*batch), client_wants_nccl=False)
         expected += [nemo_wire.decode(body, map_location="cpu")] * 2
-    for batch, ref in zip(got, expected):
+    for batch, ref in zip(got, expected, strict=False):
         for key in ("aux_hidden_states", "target_probs", "position_mask", "input_ids", "loss_mask"):
-            assert torch.equal(getattr(batch, key), ref[key].bool() if key == "position_mask" else ref[key]), key
+            assert torch.equal(
+                getattr(batch, key), ref[key].bool() if key == "position_mask" else ref[key]
+            ), key
     # And a draft training step runs on it: the probabilities are a proper distribution over the draft vocab.
     probs = got[0].target_probs
     assert probs.shape == (2, 16, 128) and torch.allclose(probs.sum(-1), torch.ones(2, 16))

@@ -71,8 +71,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return None if obj is None or obj.deleted else obj
 
     async def _handle(self, request: kmock.Request):
-        if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE,
-                                                               kmock.action.DELETE):  # fmt: skip
+        if request.resource is not None and request.action in (
+            kmock.action.CREATE,
+            kmock.action.UPDATE,
+            kmock.action.DELETE,
+        ):
             try:
                 request = self._stamp(request)
             except kmock.KubernetesError as e:
@@ -88,8 +91,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if not meta.get("name") and meta.get("generateName"):  # kopf's events
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
             created = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_version(), generation=1,
-                        creationTimestamp=created)  # fmt: skip
+            meta.update(
+                uid=str(uuid.uuid4()),
+                resourceVersion=self._next_version(),
+                generation=1,
+                creationTimestamp=created,
+            )
             data["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
             data["kind"] = self.resources[res].kind
             return _with_data(request, data)
@@ -149,18 +156,28 @@ def _register(kube: KubeEmulator) -> None:
     crd = yaml.safe_load(CRD_PATH.read_text())
     names = crd["spec"]["names"]
     kube.resources[CR] = kmock.ResourceInfo(
-        kind=names["kind"], singular=names["singular"], shortnames=names["shortNames"], namespaced=True,
-        subresources={"status", "scale"}, verbs={"list", "watch", "get", "patch", "create", "delete"},
-    )  # fmt: skip
-    for plural, kind, namespaced in [("pods", "Pod", True), ("services", "Service", True),
-                                     ("configmaps", "ConfigMap", True), ("events", "Event", True),
-                                     ("namespaces", "Namespace", False)]:  # fmt: skip
+        kind=names["kind"],
+        singular=names["singular"],
+        shortnames=names["shortNames"],
+        namespaced=True,
+        subresources={"status", "scale"},
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
+    )
+    for plural, kind, namespaced in [
+        ("pods", "Pod", True),
+        ("services", "Service", True),
+        ("configmaps", "ConfigMap", True),
+        ("events", "Event", True),
+        ("namespaces", "Namespace", False),
+    ]:
         kube.resources[f"v1/{plural}"] = kmock.ResourceInfo(
             kind=kind, namespaced=namespaced, verbs={"list", "watch", "get", "patch", "create", "delete"}
         )
     kube.objects["v1/namespaces", None, NAMESPACE] = {
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "resourceVersion": "0"}
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": NAMESPACE, "resourceVersion": "0"},
+    }
 
 
 class Cluster:
@@ -203,9 +220,15 @@ class Cluster:
             return payload
 
     async def create_target(self, name: str, spec: dict) -> dict:
-        body = {"apiVersion": "eagle3.dev/v1alpha1", "kind": "Eagle3Target",
-                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
-        return await self.request("POST", f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets", body)
+        body = {
+            "apiVersion": "eagle3.dev/v1alpha1",
+            "kind": "Eagle3Target",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec,
+        }
+        return await self.request(
+            "POST", f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets", body
+        )
 
     async def patch_target(self, name: str, patch: dict, subresource: str = "") -> dict:
         path = f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets/{name}"
@@ -214,8 +237,11 @@ class Cluster:
 
     async def set_pod_ready(self, name: str, ip: str, ready: bool = True) -> None:
         """What the kubelet would report; here a stand-in pod IP on loopback."""
-        status = {"phase": "Running", "podIP": ip,
-                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}  # fmt: skip
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        }
         path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status"
         await self.request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
@@ -244,11 +270,15 @@ async def cluster(tmp_path, monkeypatch):
     async with KubeEmulator() as kube, kmock.Server(kube) as server:
         _register(kube)
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "kmock",
             "clusters": [{"name": "kmock", "cluster": {"server": str(server.url).rstrip("/")}}],
             "users": [{"name": "kmock", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NAMESPACE}}],
-        }  # fmt: skip
+            "contexts": [
+                {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NAMESPACE}}
+            ],
+        }
         path = tmp_path / "kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig))
         monkeypatch.setenv("KUBECONFIG", str(path))

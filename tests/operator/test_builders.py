@@ -16,15 +16,32 @@ def target(**spec) -> TargetSpec:
 
 
 def test_pod_runs_serve_with_probes_gpu_limit_and_restricted_security():
-    spec = target(auxLayerIds=[2, 10, 20], authTokenSecret={"name": "tok"}, resources={"limits": {"memory": "8Gi"}})
+    spec = target(
+        auxLayerIds=[2, 10, 20], authTokenSecret={"name": "tok"}, resources={"limits": {"memory": "8Gi"}}
+    )
     pod = builders.pod(spec, "llama", "ml", 0, IMAGE)
     container = pod["spec"]["containers"][0]
     assert container["command"] == ["eagle3-target", "serve"]
     assert container["args"] == [
-        "--model", "org/model", "--engine", "hf", "--dtype", "auto", "--device", "cuda", "--host", "$(POD_IP)",
-        "--port", "8001", "--nccl-port-range", "29500-29507", "--aux-layer-ids", "2,10,20",
-        "--auth-token-file", "/var/run/eagle3-target/token",
-    ]  # fmt: skip
+        "--model",
+        "org/model",
+        "--engine",
+        "hf",
+        "--dtype",
+        "auto",
+        "--device",
+        "cuda",
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        "8001",
+        "--nccl-port-range",
+        "29500-29507",
+        "--aux-layer-ids",
+        "2,10,20",
+        "--auth-token-file",
+        "/var/run/eagle3-target/token",
+    ]
     assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": 1}
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 1800
@@ -50,7 +67,9 @@ def test_cpu_target_has_no_gpu_limit_and_runs_on_cpu():
 
 def test_host_network_gives_each_ordinal_its_own_ports():
     spec = target(
-        hostNetwork=True, replicas=8, ports={"http": 8100, "nccl": {"start": 29500, "end": 29563, "perReplica": 8}}
+        hostNetwork=True,
+        replicas=8,
+        ports={"http": 8100, "nccl": {"start": 29500, "end": 29563, "perReplica": 8}},
     )
     assert spec.problems() == []
     seen: set[int] = set()
@@ -86,9 +105,15 @@ def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
     service, peers, configmap = builders.children(spec, "llama", "ml")
     for svc in (service, peers):
         assert svc["spec"]["clusterIP"] == "None"
-        assert [(p["name"], p["targetPort"]) for p in svc["spec"]["ports"]] == [("http", "http"), ("nccl", "nccl")]
+        assert [(p["name"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+            ("http", "http"),
+            ("nccl", "nccl"),
+        ]
         assert svc["spec"]["selector"] == builders.selector("llama")
-    assert (service["spec"]["publishNotReadyAddresses"], peers["spec"]["publishNotReadyAddresses"]) == (False, True)
+    assert (service["spec"]["publishNotReadyAddresses"], peers["spec"]["publishNotReadyAddresses"]) == (
+        False,
+        True,
+    )
     assert peers["metadata"]["name"] == "llama-peers"
     assert configmap["metadata"]["name"] == "llama-client"
     assert configmap["data"] == {
@@ -96,8 +121,13 @@ def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
         "EAGLE3_TARGET_SERVICE_DNS": "dns://llama.ml.svc.cluster.local:8001",
     }
     labels = service["metadata"]["labels"]
-    assert {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
-            "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by"} <= set(labels)  # fmt: skip
+    assert {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+        "app.kubernetes.io/part-of",
+        "app.kubernetes.io/managed-by",
+    } <= set(labels)
 
 
 @pytest.mark.parametrize(
@@ -126,8 +156,17 @@ def test_malformed_spec_raises_invalid_spec():
 
 
 def pod_state(ordinal: int, spec_hash: str = "new", ready: bool = True, **kw) -> PodState:
-    fields = dict(name=f"t-{ordinal}", ordinal=ordinal, spec_hash=spec_hash, ready=ready, ip=f"127.0.0.{ordinal + 2}",
-                  http_port=8001, phase="Running", terminating=False, failing_reason=None)  # fmt: skip
+    fields = dict(
+        name=f"t-{ordinal}",
+        ordinal=ordinal,
+        spec_hash=spec_hash,
+        ready=ready,
+        ip=f"127.0.0.{ordinal + 2}",
+        http_port=8001,
+        phase="Running",
+        terminating=False,
+        failing_reason=None,
+    )
     return PodState(**{**fields, **kw})
 
 
@@ -163,7 +202,11 @@ def test_plan_replaces_failed_pods():
 
 def test_pod_state_reads_readiness_ports_and_failures():
     pod = builders.pod(target(), "t", "ml", 0, IMAGE)
-    pod["status"] = {"phase": "Running", "podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "127.0.0.2",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
     state = PodState.from_pod(pod)
     assert (state.ordinal, state.ready, state.endpoint) == (0, True, "127.0.0.2:8001")
     assert state.spec_hash == pod["metadata"]["annotations"][builders.HASH_ANNOTATION]
@@ -175,21 +218,41 @@ def test_last_transition_time_moves_only_when_status_flips():
     before = [{"type": "Ready", "status": "False", "reason": "PodsStarting", "lastTransitionTime": "T0"}]
     same = merge_conditions(before, [{"type": "Ready", "status": "False", "reason": "ModelLoading"}], "T1")
     assert same[0]["lastTransitionTime"] == "T0" and same[0]["reason"] == "ModelLoading"
-    flipped = merge_conditions(before, [{"type": "Ready", "status": "True", "reason": "AllTargetsReady"}], "T2")
+    flipped = merge_conditions(
+        before, [{"type": "Ready", "status": "True", "reason": "AllTargetsReady"}], "T2"
+    )
     assert flipped[0]["lastTransitionTime"] == "T2"
 
 
 def test_status_counts_endpoints_and_degraded():
     pods = [pod_state(0), pod_state(1, ready=False, failing_reason="CrashLoopBackOff")]
-    status = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=[], generation=4,
-                            selector="s", previous=None, timestamp="T")  # fmt: skip
+    status = compute_status(
+        name="t",
+        pods=pods,
+        replicas=2,
+        hashes=HASHES,
+        problems=[],
+        generation=4,
+        selector="s",
+        previous=None,
+        timestamp="T",
+    )
     assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (2, 1, ["127.0.0.2:8001"])
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "ModelLoading"
     assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "PodsFailing")
     assert all(c["observedGeneration"] == 4 and c["lastTransitionTime"] == "T" for c in conditions.values())
-    again = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=[], generation=4,
-                           selector="s", previous=status, timestamp="later")  # fmt: skip
+    again = compute_status(
+        name="t",
+        pods=pods,
+        replicas=2,
+        hashes=HASHES,
+        problems=[],
+        generation=4,
+        selector="s",
+        previous=status,
+        timestamp="later",
+    )
     assert again == status  # an unchanged world is not re-patched
 
 
@@ -203,7 +266,16 @@ def test_status_counts_endpoints_and_degraded():
     ],
 )
 def test_kstatus_conditions_follow_readiness(pods, problems, reconciling, stalled):
-    status = compute_status(name="t", pods=pods, replicas=2, hashes=HASHES, problems=problems, generation=1,
-                            selector="s", previous=None, timestamp="T")  # fmt: skip
+    status = compute_status(
+        name="t",
+        pods=pods,
+        replicas=2,
+        hashes=HASHES,
+        problems=problems,
+        generation=1,
+        selector="s",
+        previous=None,
+        timestamp="T",
+    )
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert (conditions["Reconciling"], conditions["Stalled"]) == (reconciling, stalled)

@@ -53,20 +53,32 @@ def test_crd_identity_subresources_and_columns(crd):
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1"
     assert version["subresources"]["scale"] == {
-        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector",
-    }  # fmt: skip
+    }
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Reason", "Desired", "ReadyReplicas", "Model", "Age",
-    ]  # fmt: skip
+        "Ready",
+        "Reason",
+        "Desired",
+        "ReadyReplicas",
+        "Model",
+        "Age",
+    ]
 
 
 def test_example_target_is_valid_and_bad_ones_are_not(schema):
     check = validator(schema)
     example = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
     check.validate(example)
-    for bad in ({"engine": "vllm"}, {"replicas": -1}, {"auxLayerIds": [1, 2]}, {"ports": {"http": 80}},
-                {"dtype": "int8"}, {"gpusPerReplica": 17}):  # fmt: skip
+    for bad in (
+        {"engine": "vllm"},
+        {"replicas": -1},
+        {"auxLayerIds": [1, 2]},
+        {"ports": {"http": 80}},
+        {"dtype": "int8"},
+        {"gpusPerReplica": 17},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**example, "spec": {**example["spec"], **bad}})
     with pytest.raises(jsonschema.ValidationError):
@@ -79,21 +91,35 @@ def test_operator_status_validates_against_the_schema(schema):
 
     pod = builders.pod(spec, "t", "ml", 0, "img")
     pod["status"] = {"podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}
-    status = compute_status(name="t", pods=[PodState.from_pod(pod)], replicas=1, hashes={0: "x"}, problems=[],
-                            generation=1, selector=builders.selector_string("t"), previous=None)  # fmt: skip
+    status = compute_status(
+        name="t",
+        pods=[PodState.from_pod(pod)],
+        replicas=1,
+        hashes={0: "x"},
+        problems=[],
+        generation=1,
+        selector=builders.selector_string("t"),
+        previous=None,
+    )
     validator(schema).validate({"spec": {"model": "m"}, "status": status})
 
 
 def test_schema_defaults_equal_the_operators_defaults(schema):
     defaulted = apply_defaults(schema["properties"]["spec"], {"model": "m"})
     assert TargetSpec.parse(defaulted) == TargetSpec.parse({"model": "m"})
-    assert defaulted["probes"]["startup"]["failureThreshold"] * defaulted["probes"]["startup"]["periodSeconds"] >= 1800
+    assert (
+        defaulted["probes"]["startup"]["failureThreshold"] * defaulted["probes"]["startup"]["periodSeconds"]
+        >= 1800
+    )
 
 
 def test_rbac_grants_only_what_the_operator_uses():
     role = next(d for d in load_all("rbac.yaml") if d["kind"] == "ClusterRole")
     grants = {
-        (g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
     }
     assert grants[("", "pods")] == {"list", "watch", "create", "delete"}
     assert grants[("eagle3.dev", "eagle3targets/status")] == {"get", "patch"}
@@ -118,7 +144,9 @@ def test_trainer_job_probes_the_published_service():
     target = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
     secret = job["spec"]["template"]["spec"]["volumes"][0]["secret"]
     assert secret["secretName"] == target["spec"]["authTokenSecret"]["name"]
-    assert {"name": "EAGLE3_TARGET_AUTH_TOKEN_FILE", "value": f"{builders.TOKEN_DIR}/token"} in container["env"]
+    assert {"name": "EAGLE3_TARGET_AUTH_TOKEN_FILE", "value": f"{builders.TOKEN_DIR}/token"} in container[
+        "env"
+    ]
 
 
 def test_operator_imports_no_torch():
@@ -145,9 +173,17 @@ def test_built_children_pass_kubernetes_validate():
     import kubernetes_validate
 
     example = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
-    for extra in ({}, {"hostNetwork": True, "affinity": {"nodeAffinity": {}}, "env": [{"name": "X", "value": "1"}],
-                       "modelVolume": {"volumeSource": {"hostPath": {"path": "/m"}}}, "serviceAccountName": "sa",
-                       "imagePullSecrets": [{"name": "reg"}]}):  # fmt: skip
+    for extra in (
+        {},
+        {
+            "hostNetwork": True,
+            "affinity": {"nodeAffinity": {}},
+            "env": [{"name": "X", "value": "1"}],
+            "modelVolume": {"volumeSource": {"hostPath": {"path": "/m"}}},
+            "serviceAccountName": "sa",
+            "imagePullSecrets": [{"name": "reg"}],
+        },
+    ):
         spec = TargetSpec.parse({**example["spec"], **extra})
         for obj in [builders.pod(spec, "llama", "ml", 3, "img"), *builders.children(spec, "llama", "ml")]:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)

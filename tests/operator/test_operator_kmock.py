@@ -10,7 +10,12 @@ import sys
 
 import aiohttp
 
-SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2, "gpusPerReplica": 1, "auxLayerIds": [1, 15, 28]}
+SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "replicas": 2,
+    "gpusPerReplica": 1,
+    "auxLayerIds": [1, 15, 28],
+}
 
 
 def condition(target: dict, type_: str) -> dict:
@@ -38,7 +43,8 @@ async def test_create_makes_pods_services_configmap_and_status(operator):
     assert all(s["metadata"]["ownerReferences"][0]["uid"] == uid for s in services.values())
     configmap = (await operator.eventually(lambda: operator.configmaps()))["llama-client"]
     assert (
-        configmap["data"]["EAGLE3_TARGET_SERVICE"] == f"srv://_http._tcp.llama.{operator.namespace}.svc.cluster.local"
+        configmap["data"]["EAGLE3_TARGET_SERVICE"]
+        == f"srv://_http._tcp.llama.{operator.namespace}.svc.cluster.local"
     )
 
     def starting():
@@ -62,9 +68,13 @@ async def test_create_makes_pods_services_configmap_and_status(operator):
     def ready():
         target = operator.target("llama")
         assert condition(target, "Ready") | {"lastTransitionTime": None} == {
-            "type": "Ready", "status": "True", "reason": "AllTargetsReady", "message": "2/2 targets ready",
-            "observedGeneration": 1, "lastTransitionTime": None,
-        }  # fmt: skip
+            "type": "Ready",
+            "status": "True",
+            "reason": "AllTargetsReady",
+            "message": "2/2 targets ready",
+            "observedGeneration": 1,
+            "lastTransitionTime": None,
+        }
         return target
 
     target = await operator.eventually(ready)
@@ -78,7 +88,9 @@ async def _ready_all(operator, count: int) -> None:
     pods = await operator.eventually(lambda: len(operator.pods()) == count and operator.pods())
     for name in pods:
         await operator.set_pod_ready(name, f"127.0.0.{int(name.rsplit('-', 1)[1]) + 2}")
-    await operator.eventually(lambda: operator.target("llama").get("status", {}).get("readyReplicas") == count)
+    await operator.eventually(
+        lambda: operator.target("llama").get("status", {}).get("readyReplicas") == count
+    )
 
 
 async def test_scale_up_then_down_removes_highest_ordinals(operator):
@@ -99,7 +111,11 @@ async def test_scale_up_then_down_removes_highest_ordinals(operator):
 
     def settled():
         status = operator.target("llama")["status"]
-        assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (1, 1, ["127.0.0.2:8001"])
+        assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (
+            1,
+            1,
+            ["127.0.0.2:8001"],
+        )
         assert status["observedGeneration"] == 3
         return status
 
@@ -147,7 +163,9 @@ async def test_spec_change_replaces_pods_one_at_a_time(operator):
 
     pods = await operator.eventually(first_replaced)
     assert "bfloat16" in pods["llama-1"]["spec"]["containers"][0]["args"]
-    await operator.eventually(lambda: condition(operator.target("llama"), "Progressing")["reason"] == "RollingUpdate")
+    await operator.eventually(
+        lambda: condition(operator.target("llama"), "Progressing")["reason"] == "RollingUpdate"
+    )
 
     await asyncio.sleep(1.0)  # five timer ticks: llama-0 must wait for llama-1 to become ready
     assert operator.pods()["llama-0"]["metadata"]["uid"] == uids["llama-0"]
@@ -187,7 +205,9 @@ async def test_invalid_spec_sets_degraded_with_event_and_churns_nothing(operator
         return target
 
     await operator.eventually(invalid)
-    events = await operator.eventually(lambda: [e for e in operator.events() if e.get("reason") == "InvalidSpec"])
+    events = await operator.eventually(
+        lambda: [e for e in operator.events() if e.get("reason") == "InvalidSpec"]
+    )
     assert events[0]["type"] == "Warning" and "duplicates" in events[0]["message"]
     await asyncio.sleep(0.6)  # a few timer ticks: neither pods nor events churn
     assert {name: pod["metadata"]["uid"] for name, pod in operator.pods().items()} == before
@@ -208,12 +228,16 @@ async def test_host_network_ports_per_replica_and_too_small_range(operator):
     for ordinal in (0, 1):
         pod = pods[f"llama-{ordinal}"]
         assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
-        ports = {p["name"]: (p["containerPort"], p["hostPort"]) for p in pod["spec"]["containers"][0]["ports"]}
+        ports = {
+            p["name"]: (p["containerPort"], p["hostPort"]) for p in pod["spec"]["containers"][0]["ports"]
+        }
         assert ports["http"] == (9000 + ordinal, 9000 + ordinal)
         assert ports["nccl"] == (30000 + 8 * ordinal,) * 2 and len(ports) == 9
 
     await operator.patch_target("llama", {"spec": {"replicas": 3}})  # 3 x 8 ports > 16
-    await operator.eventually(lambda: condition(operator.target("llama"), "Degraded")["reason"] == "InvalidSpec")
+    await operator.eventually(
+        lambda: condition(operator.target("llama"), "Degraded")["reason"] == "InvalidSpec"
+    )
     assert "too small" in condition(operator.target("llama"), "Degraded")["message"]
     await asyncio.sleep(0.5)
     assert sorted(operator.pods()) == ["llama-0", "llama-1"]
@@ -221,7 +245,9 @@ async def test_host_network_ports_per_replica_and_too_small_range(operator):
 
 async def test_target_created_invalid_gets_no_children(operator):
     await operator.create_target("broken", {**SPEC, "auxLayerIds": [4, 4, 4]})
-    await operator.eventually(lambda: condition(operator.target("broken"), "Degraded")["reason"] == "InvalidSpec")
+    await operator.eventually(
+        lambda: condition(operator.target("broken"), "Degraded")["reason"] == "InvalidSpec"
+    )
     assert operator.target("broken")["status"]["replicas"] == 0
     assert operator.pods() == {} and operator.services() == {} and operator.configmaps() == {}
 
@@ -233,16 +259,23 @@ async def test_cli_runs_the_operator_with_liveness_and_stops_on_sigterm(cluster)
         port = s.getsockname()[1]
     env = {**os.environ, "EAGLE3_TARGET_OPERATOR_INTERVAL": "0.2"}
     # -A: with -n, kopf also watches namespaces, and kmock cannot list the cluster-scoped /api/v1/namespaces
-    args = ["-m", "eagle3_target.cli", "operator", "-A", "--liveness",
-            f"http://127.0.0.1:{port}/healthz", "--default-image", "registry.test/cli:1"]  # fmt: skip
+    args = [
+        "-m",
+        "eagle3_target.cli",
+        "operator",
+        "-A",
+        "--liveness",
+        f"http://127.0.0.1:{port}/healthz",
+        "--default-image",
+        "registry.test/cli:1",
+    ]
     proc = await asyncio.create_subprocess_exec(sys.executable, *args, env=env)
     try:
         await cluster.create_target("llama", {**SPEC, "replicas": 1})
-        pod = (await cluster.eventually(lambda: cluster.pods().get("llama-0"), timeout=30))
+        pod = await cluster.eventually(lambda: cluster.pods().get("llama-0"), timeout=30)
         assert pod["spec"]["containers"][0]["image"] == "registry.test/cli:1"
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
-                assert resp.status == 200
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+            assert resp.status == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)

@@ -1,9 +1,9 @@
 import pytest
 import torch
+from target_support import spec_reference
 
 from eagle3_target.protocol.spec import SUPERVISION_KEYS, default_aux_layer_ids, validate_aux_layer_ids
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision, shift_left
-from target_support import spec_reference
 
 
 def test_default_recipe():
@@ -11,8 +11,10 @@ def test_default_recipe():
     assert default_aux_layer_ids(8) == [1, 3, 4]
 
 
-@pytest.mark.parametrize("ids, message", [([1, 1, 2], "distinct"), ([1, 2], "three"), ([0, 5, 8], "out of range"),
-                                          ([-1, 2, 3], "out of range")])  # fmt: skip
+@pytest.mark.parametrize(
+    "ids, message",
+    [([1, 1, 2], "distinct"), ([1, 2], "three"), ([0, 5, 8], "out of range"), ([-1, 2, 3], "out of range")],
+)
 def test_aux_layer_validation(ids, message):
     with pytest.raises(ValueError, match=message):
         validate_aux_layer_ids(ids, 8)
@@ -49,8 +51,13 @@ def test_columns_follow_the_given_unsorted_order_and_last_position_is_uniform():
     logits[0, 1, 3] = 10.0  # position 0 (after shift) strongly predicts token 3
     ids = torch.tensor([3, 0])  # column 0 is token 3
     mask = torch.tensor([True, False, False, True])
-    out = build_supervision(logits, torch.zeros(1, 3, 3), torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long),
-                            VocabMapping(ids, mask))  # fmt: skip
+    out = build_supervision(
+        logits,
+        torch.zeros(1, 3, 3),
+        torch.tensor([[5, 6, 7]]),
+        torch.ones(1, 3, dtype=torch.long),
+        VocabMapping(ids, mask),
+    )
     probs = out["target_probs"][0]
     assert probs[0, 0] > 0.99 and probs[0, 1] < 0.01
     assert torch.equal(probs[-1], torch.full((2,), 0.5))
@@ -61,15 +68,24 @@ def test_columns_follow_the_given_unsorted_order_and_last_position_is_uniform():
 def test_position_mask_is_false_where_argmax_is_outside_the_draft_vocab():
     logits = torch.zeros(1, 2, 3)
     logits[0, 1, 2] = 5.0  # argmax = token 2, not in the draft vocab
-    out = build_supervision(logits, torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long),
-                            torch.ones(1, 2, dtype=torch.long),
-                            VocabMapping(torch.tensor([0, 1]), torch.tensor([True, True, False])))  # fmt: skip
+    out = build_supervision(
+        logits,
+        torch.zeros(1, 2, 3),
+        torch.zeros(1, 2, dtype=torch.long),
+        torch.ones(1, 2, dtype=torch.long),
+        VocabMapping(torch.tensor([0, 1]), torch.tensor([True, True, False])),
+    )
     assert out["position_mask"][0, :, 0].tolist() == [False, False]
 
 
 def test_identity_mapping_gives_full_vocab_probs():
     logits = torch.randn(2, 5, 7)
-    out = build_supervision(logits, torch.zeros(2, 5, 3), torch.zeros(2, 5, dtype=torch.long),
-                            torch.ones(2, 5, dtype=torch.long), VocabMapping.identity(7))  # fmt: skip
+    out = build_supervision(
+        logits,
+        torch.zeros(2, 5, 3),
+        torch.zeros(2, 5, dtype=torch.long),
+        torch.ones(2, 5, dtype=torch.long),
+        VocabMapping.identity(7),
+    )
     assert out["target_probs"].shape == (2, 5, 7)
     assert torch.allclose(out["target_probs"].sum(-1), torch.ones(2, 5))

@@ -1,3 +1,4 @@
+import contextlib
 import struct
 
 import pytest
@@ -9,14 +10,8 @@ from eagle3_target.protocol import wire
 from eagle3_target.protocol.wire import CODE_TO_DTYPE, DTYPE_TO_CODE, EncodedBlob, WireError, decode, encode
 
 SPEC_EXAMPLE = bytes.fromhex(
-    "54454d4e"
-    "03000000" "696473"
-    "00" "04" "01"
-    "0200000000000000"
-    "1000000000000000"
-    "0700000000000000" "ffffffffffffffff"
-    "01000000" "6d" "01"
-)  # fmt: skip
+    "54454d4e03000000696473000401020000000000000010000000000000000700000000000000ffffffffffffffff010000006d01"
+)
 
 
 def test_spec_worked_example_encodes_byte_for_byte():
@@ -34,9 +29,17 @@ def test_spec_worked_example_decodes():
 
 def test_dtype_codes_match_the_spec():
     assert {str(d).removeprefix("torch."): c for d, c in DTYPE_TO_CODE.items()} == {
-        "float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int64": 4,
-        "int32": 5, "int16": 6, "int8": 7, "uint8": 8, "bool": 9,
-    }  # fmt: skip
+        "float32": 0,
+        "float64": 1,
+        "float16": 2,
+        "bfloat16": 3,
+        "int64": 4,
+        "int32": 5,
+        "int16": 6,
+        "int8": 7,
+        "uint8": 8,
+        "bool": 9,
+    }
 
 
 @pytest.mark.parametrize("dtype", list(DTYPE_TO_CODE))
@@ -89,9 +92,13 @@ def test_encode_rejects_unsupported_dtypes_and_devices():
 
 def _entry(key: bytes, code: int, shape: list[int], nbytes: int, data: bytes = b"") -> bytes:
     return (
-        struct.pack("<I", len(key)) + key + bytes([0, code, len(shape)])
-        + struct.pack(f"<{len(shape)}q", *shape) + struct.pack("<Q", nbytes) + data
-    )  # fmt: skip
+        struct.pack("<I", len(key))
+        + key
+        + bytes([0, code, len(shape)])
+        + struct.pack(f"<{len(shape)}q", *shape)
+        + struct.pack("<Q", nbytes)
+        + data
+    )
 
 
 @pytest.mark.parametrize(
@@ -129,9 +136,11 @@ def test_read_only_buffers_decode_to_private_copies():
 
 
 _tensors = st.builds(
-    lambda code, shape: (torch.arange(max(1, int(torch.tensor(shape).prod())) * 3) % 7)[
-        : int(torch.tensor(shape).prod())
-    ].view(shape).to(CODE_TO_DTYPE[code]),
+    lambda code, shape: (
+        (torch.arange(max(1, int(torch.tensor(shape).prod())) * 3) % 7)[: int(torch.tensor(shape).prod())]
+        .view(shape)
+        .to(CODE_TO_DTYPE[code])
+    ),
     st.sampled_from(sorted(CODE_TO_DTYPE)),
     st.lists(st.integers(0, 4), max_size=3).map(tuple),
 )
@@ -149,7 +158,9 @@ def test_round_trip_property(tensors):
             assert out[key].dtype == value.dtype and torch.equal(out[key], value)
 
 
-_VALID = encode({"input_ids": torch.arange(6).view(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool), "n": None})
+_VALID = encode(
+    {"input_ids": torch.arange(6).view(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool), "n": None}
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -172,7 +183,5 @@ def test_fuzzed_buffers_decode_or_raise_wire_error(data):
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64))
 def test_random_bytes_never_crash(blob):
-    try:
+    with contextlib.suppress(WireError):
         decode(bytearray(wire.MAGIC_BYTES + blob))
-    except WireError:
-        pass

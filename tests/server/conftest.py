@@ -1,7 +1,7 @@
 import pytest
+from target_support import serve
 
 from eagle3_target.server.runners.hf import HFRunner
-from target_support import serve
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import wire
 from eagle3_target.server.runners.synthetic import SyntheticRunner
-from target_support import generate_body, serve, vocab_body
 
 V = 64
 ok_ids = torch.zeros(2, 4, dtype=torch.long)
@@ -17,34 +17,122 @@ CASES = [
     ("truncated blob", "POST", "generate", generate_body(ok_ids)[:-3], True, 400, "bad_wire_blob"),
     ("empty body", "POST", "generate", b"", True, 400, "bad_wire_blob"),
     ("missing keys", "POST", "generate", wire.encode({"input_ids": ok_ids}), True, 400, "missing_keys"),
-    ("None input", "POST", "generate", wire.encode({"input_ids": None, "attention_mask": ok_ids, "loss_mask": ok_ids}),
-     True, 400, "missing_keys"),
-    ("wrong dtype", "POST", "generate", generate_body(ok_ids.int(), ok_ids.int(), ok_ids.int()), True, 400,
-     "wrong_dtype"),
-    ("1-D input", "POST", "generate", generate_body(torch.zeros(4, dtype=torch.long)), True, 400, "bad_shape"),
-    ("empty sequence", "POST", "generate", generate_body(torch.zeros(1, 0, dtype=torch.long)), True, 400, "bad_shape"),
-    ("mask shape mismatch", "POST", "generate", generate_body(ok_ids, torch.ones(2, 5, dtype=torch.long)), True, 400,
-     "shape_mismatch"),
-    ("loss mask mismatch", "POST", "generate", generate_body(ok_ids, None, torch.ones(3, 4, dtype=torch.long)), True,
-     400, "shape_mismatch"),
-    ("token id too large", "POST", "generate", generate_body(torch.full((1, 3), V)), True, 422, "token_out_of_range"),
-    ("negative token id", "POST", "generate", generate_body(torch.full((1, 3), -1)), True, 422, "token_out_of_range"),
+    (
+        "None input",
+        "POST",
+        "generate",
+        wire.encode({"input_ids": None, "attention_mask": ok_ids, "loss_mask": ok_ids}),
+        True,
+        400,
+        "missing_keys",
+    ),
+    (
+        "wrong dtype",
+        "POST",
+        "generate",
+        generate_body(ok_ids.int(), ok_ids.int(), ok_ids.int()),
+        True,
+        400,
+        "wrong_dtype",
+    ),
+    (
+        "1-D input",
+        "POST",
+        "generate",
+        generate_body(torch.zeros(4, dtype=torch.long)),
+        True,
+        400,
+        "bad_shape",
+    ),
+    (
+        "empty sequence",
+        "POST",
+        "generate",
+        generate_body(torch.zeros(1, 0, dtype=torch.long)),
+        True,
+        400,
+        "bad_shape",
+    ),
+    (
+        "mask shape mismatch",
+        "POST",
+        "generate",
+        generate_body(ok_ids, torch.ones(2, 5, dtype=torch.long)),
+        True,
+        400,
+        "shape_mismatch",
+    ),
+    (
+        "loss mask mismatch",
+        "POST",
+        "generate",
+        generate_body(ok_ids, None, torch.ones(3, 4, dtype=torch.long)),
+        True,
+        400,
+        "shape_mismatch",
+    ),
+    (
+        "token id too large",
+        "POST",
+        "generate",
+        generate_body(torch.full((1, 3), V)),
+        True,
+        422,
+        "token_out_of_range",
+    ),
+    (
+        "negative token id",
+        "POST",
+        "generate",
+        generate_body(torch.full((1, 3), -1)),
+        True,
+        422,
+        "token_out_of_range",
+    ),
     ("generate before vocab", "POST", "generate", generate_body(ok_ids), False, 409, "no_vocab_mapping"),
-    ("vocab ids out of range", "POST", "set_vocab_mapping", vocab_body(torch.tensor([0, V]),
-     torch.ones(V, dtype=torch.bool)), False, 422, "token_out_of_range"),
-    ("vocab mask wrong length", "POST", "set_vocab_mapping", vocab_body(torch.arange(4),
-     torch.ones(V - 1, dtype=torch.bool)), False, 422, "bad_mask_length"),
-    ("vocab mask wrong dtype", "POST", "set_vocab_mapping", vocab_body(torch.arange(4), torch.ones(V)), False, 400,
-     "wrong_dtype"),
-    ("vocab ids empty", "POST", "set_vocab_mapping", vocab_body(torch.zeros(0, dtype=torch.long),
-     torch.ones(V, dtype=torch.bool)), False, 400, "bad_shape"),
+    (
+        "vocab ids out of range",
+        "POST",
+        "set_vocab_mapping",
+        vocab_body(torch.tensor([0, V]), torch.ones(V, dtype=torch.bool)),
+        False,
+        422,
+        "token_out_of_range",
+    ),
+    (
+        "vocab mask wrong length",
+        "POST",
+        "set_vocab_mapping",
+        vocab_body(torch.arange(4), torch.ones(V - 1, dtype=torch.bool)),
+        False,
+        422,
+        "bad_mask_length",
+    ),
+    (
+        "vocab mask wrong dtype",
+        "POST",
+        "set_vocab_mapping",
+        vocab_body(torch.arange(4), torch.ones(V)),
+        False,
+        400,
+        "wrong_dtype",
+    ),
+    (
+        "vocab ids empty",
+        "POST",
+        "set_vocab_mapping",
+        vocab_body(torch.zeros(0, dtype=torch.long), torch.ones(V, dtype=torch.bool)),
+        False,
+        400,
+        "bad_shape",
+    ),
     ("vocab not a blob", "POST", "set_vocab_mapping", b"{}", False, 400, "bad_wire_blob"),
     ("unknown endpoint", "POST", "nope", b"", False, 404, "not_found"),
     ("trailing slash", "POST", "generate/", b"", False, 404, "not_found"),
     ("GET on a POST endpoint", "GET", "generate", b"", False, 405, "method_not_allowed"),
     ("POST on health", "POST", "health", b"", False, 405, "method_not_allowed"),
     ("PUT", "PUT", "model_info", b"", False, 405, "method_not_allowed"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -53,7 +141,9 @@ async def srv():
         yield running
 
 
-@pytest.mark.parametrize("name, method, endpoint, body, vocab_first, status, error", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "name, method, endpoint, body, vocab_first, status, error", CASES, ids=[c[0] for c in CASES]
+)
 async def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(
     srv, name, method, endpoint, body, vocab_first, status, error
 ):

@@ -88,8 +88,10 @@ def test_unloadable_model_exits_non_zero(tmp_path):
     assert "loading the target model failed" in proc.stderr.read().decode()
 
 
-@pytest.mark.parametrize("args, message", [(["--aux-layer-ids", "1,2"], "three layer ids"),
-                                           (["--engine", "vllm"], "invalid choice")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--aux-layer-ids", "1,2"], "three layer ids"), (["--engine", "vllm"], "invalid choice")],
+)
 def test_bad_arguments_are_refused(args, message):
     proc = start("--port", "1", *args)
     assert proc.wait(timeout=30) == 2

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 import torch
+from target_support import generate_body, serve, spec_reference, vocab_body
 from transformers import AutoModelForCausalLM
 
 from eagle3_target.protocol import wire
@@ -12,7 +13,6 @@ from eagle3_target.protocol.spec import SUPERVISION_KEYS
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner
-from target_support import generate_body, serve, spec_reference, vocab_body
 
 V = 512
 
@@ -63,8 +63,9 @@ async def test_generate_is_bit_identical_to_an_in_process_computation(hf_server,
     attention_mask[1, 17:] = 0  # right padding
     loss_mask = attention_mask.clone()
     loss_mask[:, :5] = 0
-    async with hf_server.http.post(f"{hf_server.url}/generate",
-                                   data=generate_body(input_ids, attention_mask, loss_mask)) as resp:  # fmt: skip
+    async with hf_server.http.post(
+        f"{hf_server.url}/generate", data=generate_body(input_ids, attention_mask, loss_mask)
+    ) as resp:
         assert resp.status == 200
         blob = bytearray(await resp.read())
     out = wire.decode(blob)
@@ -73,7 +74,9 @@ async def test_generate_is_bit_identical_to_an_in_process_computation(hf_server,
     # Independent reference: HF's own hidden_states (index i+1 is layer i's output), then the spec literally.
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     with torch.inference_mode():
-        res = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        res = model(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+        )
     aux = torch.cat([res.hidden_states[i + 1] for i in (1, 3, 4)], dim=-1)
     ref = spec_reference(res.logits, aux, input_ids, loss_mask, ids, mask)
     for key in SUPERVISION_KEYS:
@@ -92,13 +95,17 @@ async def test_vocab_mapping_is_per_session_and_concurrent_clients_get_their_own
 
         async def one(session, seed, ids, mask):
             input_ids = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(seed))
-            async with srv.http.post(f"{srv.url}/generate", data=generate_body(input_ids), headers=heads[session]) as r:
+            async with srv.http.post(
+                f"{srv.url}/generate", data=generate_body(input_ids), headers=heads[session]
+            ) as r:
                 out = wire.decode(bytearray(await r.read()))
             logits, aux = runner.forward(input_ids, torch.ones_like(input_ids))
             ref = spec_reference(logits, aux, input_ids, torch.ones_like(input_ids), ids, mask)
             return all(torch.equal(out[k], ref[k]) for k in SUPERVISION_KEYS)
 
-        jobs = [one("a", s, ids_a, mask_a) for s in range(6)] + [one("b", 100 + s, ids_b, mask_b) for s in range(6)]
+        jobs = [one("a", s, ids_a, mask_a) for s in range(6)] + [
+            one("b", 100 + s, ids_b, mask_b) for s in range(6)
+        ]
         assert all(await asyncio.gather(*jobs))
 
 
@@ -162,8 +169,15 @@ async def test_bearer_token_guards_everything_but_probes_and_metrics():
     async with serve(lambda: SyntheticRunner(vocab_size=V), ServerOptions(auth_token="s3cret")) as srv:
         for endpoint in ("health", "livez", "readyz", "metrics"):
             assert (await srv.get(endpoint)).status == 200
-        for endpoint in ("model_info", "heartbeat", "generate", "set_vocab_mapping", "init_nccl", "disconnect",
-                         "input_embeddings"):  # fmt: skip
+        for endpoint in (
+            "model_info",
+            "heartbeat",
+            "generate",
+            "set_vocab_mapping",
+            "init_nccl",
+            "disconnect",
+            "input_embeddings",
+        ):
             async with srv.http.post(f"{srv.url}/{endpoint}", data=b"") as resp:
                 assert resp.status == 401, endpoint
                 assert (await resp.json())["error"] == "unauthorized"
@@ -181,8 +195,12 @@ async def test_sessions_expire_disconnect_ends_only_the_callers_session():
         await srv.post("set_vocab_mapping", vocab_body(ids, mask), headers=b)
         assert len(srv.server.sessions) == 2
         await srv.post("disconnect", b"{}", headers=a)
-        assert (await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=a)).status == 409
-        assert (await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)).status == 200
+        assert (
+            await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=a)
+        ).status == 409
+        assert (
+            await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)
+        ).status == 200
         assert not srv.server.stopped.is_set()
         # Heartbeats keep b alive past the ttl; a stays idle and is expired.
         await srv.post("heartbeat", headers=a)
@@ -190,7 +208,9 @@ async def test_sessions_expire_disconnect_ends_only_the_callers_session():
             await asyncio.sleep(0.5)
             await srv.post("heartbeat", headers=b)
         assert {s for s in srv.server.sessions._sessions} == {"b"}
-        assert (await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)).status == 200
+        assert (
+            await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)
+        ).status == 200
 
 
 async def test_a_nemo_client_keeps_its_mapping_across_an_idle_pause_longer_than_the_ttl():
@@ -203,7 +223,9 @@ async def test_a_nemo_client_keeps_its_mapping_across_an_idle_pause_longer_than_
                 await asyncio.sleep(0.2)  # both expire
         body = generate_body(torch.zeros(1, 4, dtype=torch.long))
         assert (await srv.post("generate", body)).status == 200
-        assert (await srv.post("generate", body, headers={"X-Eagle3-Session": "ours"})).status == 409  # re-sends
+        assert (
+            await srv.post("generate", body, headers={"X-Eagle3-Session": "ours"})
+        ).status == 409  # re-sends
         await srv.post("disconnect", b"{}")  # a goodbye forgets the mapping
         assert (await srv.post("generate", body)).status == 409
 
@@ -222,12 +244,20 @@ async def test_metrics_exist_and_move(hf_server):
             return await resp.text()
 
     before = await scrape()
-    for name in ("eagle3_target_requests_total", "eagle3_target_request_duration_seconds_bucket",
-                 "eagle3_target_generate_phase_duration_seconds_bucket", "eagle3_target_tokens_total",
-                 "eagle3_target_sent_bytes_total", "eagle3_target_requests_in_flight",
-                 "eagle3_target_sessions_active", "eagle3_target_heartbeat_timestamp_seconds",
-                 "eagle3_target_model_load_seconds", "eagle3_target_ready", "eagle3_target_build_info",
-                 "eagle3_target_model_info"):  # fmt: skip
+    for name in (
+        "eagle3_target_requests_total",
+        "eagle3_target_request_duration_seconds_bucket",
+        "eagle3_target_generate_phase_duration_seconds_bucket",
+        "eagle3_target_tokens_total",
+        "eagle3_target_sent_bytes_total",
+        "eagle3_target_requests_in_flight",
+        "eagle3_target_sessions_active",
+        "eagle3_target_heartbeat_timestamp_seconds",
+        "eagle3_target_model_load_seconds",
+        "eagle3_target_ready",
+        "eagle3_target_build_info",
+        "eagle3_target_model_info",
+    ):
         assert name in before, name
     assert "eagle3_target_ready 1.0" in before
     await hf_server.post("set_vocab_mapping", vocab_body(*draft_vocab()))
@@ -238,10 +268,14 @@ async def test_metrics_exist_and_move(hf_server):
     assert 'eagle3_target_requests_total{code="200",endpoint="generate"} 1.0' in after
     assert 'eagle3_target_generate_phase_duration_seconds_count{phase="forward"} 1.0' in after
     assert 'eagle3_target_generate_phase_duration_seconds_count{phase="send"} 1.0' in after
-    sent = [line for line in after.splitlines() if line.startswith('eagle3_target_sent_bytes_total{path="wire"}')]
+    sent = [
+        line for line in after.splitlines() if line.startswith('eagle3_target_sent_bytes_total{path="wire"}')
+    ]
     assert float(sent[0].split()[-1]) > 2 * 10 * 100 * 4
     assert "eagle3_target_sessions_active 1.0" in after
-    heartbeat = [line for line in after.splitlines() if line.startswith("eagle3_target_heartbeat_timestamp_seconds ")]
+    heartbeat = [
+        line for line in after.splitlines() if line.startswith("eagle3_target_heartbeat_timestamp_seconds ")
+    ]
     assert float(heartbeat[0].split()[-1]) > 1.7e9
 
 
@@ -255,8 +289,14 @@ async def test_server_timing_reports_phases(hf_server):
 def test_hf_runner_captures_layer_outputs_of_mainstream_architectures():
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
-                 num_key_value_heads=2)  # fmt: skip
+    small = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     for config_cls, model_cls in ((Qwen2Config, Qwen2ForCausalLM), (MistralConfig, MistralForCausalLM)):
         model = model_cls(config_cls(**small)).eval()
         runner = HFRunner(model, name=model_cls.__name__)
@@ -280,7 +320,9 @@ async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving
         big = generate_body(torch.zeros(4, 1024, dtype=torch.long))  # ~50 MB of supervision
         host, port = srv.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big)
+        writer.write(
+            f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big
+        )
         await writer.drain()
         await reader.readexactly(1 << 16)  # the response has started streaming
         writer.transport.abort()

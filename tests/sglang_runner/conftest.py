@@ -24,8 +24,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class FakeHFConfig:
     def to_diff_dict(self):
-        return {"_name_or_path": "/somewhere", "dtype": "bfloat16", "hidden_size": HIDDEN, "vocab_size": VOCAB,
-                "num_hidden_layers": LAYERS, "model_type": "fake"}  # fmt: skip
+        return {
+            "_name_or_path": "/somewhere",
+            "dtype": "bfloat16",
+            "hidden_size": HIDDEN,
+            "vocab_size": VOCAB,
+            "num_hidden_layers": LAYERS,
+            "model_type": "fake",
+        }
 
 
 @dataclass
@@ -228,8 +234,12 @@ def fake_sglang(monkeypatch):
         ),
         "sglang.srt.layers.moe": dict(initialize_moe_config=calls.recorder("moe_config")),
         "sglang.srt.layers.quantization": {},
-        "sglang.srt.layers.quantization.fp4_utils": dict(initialize_fp4_gemm_config=calls.recorder("fp4_config")),
-        "sglang.srt.layers.quantization.fp8_utils": dict(initialize_fp8_gemm_config=calls.recorder("fp8_config")),
+        "sglang.srt.layers.quantization.fp4_utils": dict(
+            initialize_fp4_gemm_config=calls.recorder("fp4_config")
+        ),
+        "sglang.srt.layers.quantization.fp8_utils": dict(
+            initialize_fp8_gemm_config=calls.recorder("fp8_config")
+        ),
         "sglang.srt.managers": {},
         "sglang.srt.managers.schedule_batch": dict(Req=Req, ScheduleBatch=ScheduleBatch),
         "sglang.srt.model_executor": {},
@@ -245,5 +255,11 @@ def fake_sglang(monkeypatch):
     for name, attrs in modules.items():
         monkeypatch.setitem(sys.modules, name, _module(name, **attrs))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    return SimpleNamespace(calls=calls, model_runners=ModelRunner.created, model_class=FakeCausalLM,
-                           vocab=VOCAB, hidden=HIDDEN, layers=LAYERS)  # fmt: skip
+    return SimpleNamespace(
+        calls=calls,
+        model_runners=ModelRunner.created,
+        model_class=FakeCausalLM,
+        vocab=VOCAB,
+        hidden=HIDDEN,
+        layers=LAYERS,
+    )

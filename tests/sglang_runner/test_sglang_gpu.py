@@ -12,7 +12,8 @@ from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(), reason="needs SGLang and a CUDA GPU"
+    importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
+    reason="needs SGLang and a CUDA GPU",
 )
 
 

@@ -24,8 +24,22 @@ def test_server_and_client_import_without_sglang():
 
 @pytest.mark.skipif(SGLANG_INSTALLED and torch.cuda.is_available(), reason="SGLang and a GPU are both here")
 def test_serve_with_the_sglang_engine_exits_nonzero_naming_what_is_missing():
-    command = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "sglang", "--device", "cuda",
-               "--model", "org/any-model", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "eagle3_target.cli",
+        "serve",
+        "--engine",
+        "sglang",
+        "--device",
+        "cuda",
+        "--model",
+        "org/any-model",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert (INSTALL_HINT in done.stderr) is not SGLANG_INSTALLED

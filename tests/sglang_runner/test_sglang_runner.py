@@ -12,7 +12,13 @@ from eagle3_target.server.runners.sglang import SGLangUnavailable, sglang_dtype
 
 
 def load(**options):
-    options = {"model": "org/fake-model", "dtype": "float32", "device": "cuda:0", "aux_layer_ids": None, **options}
+    options = {
+        "model": "org/fake-model",
+        "dtype": "float32",
+        "device": "cuda:0",
+        "aux_layer_ids": None,
+        **options,
+    }
     return load_runner("sglang", **options)
 
 
@@ -47,8 +53,12 @@ def test_load_builds_one_single_process_model_runner(fake_sglang):
     (created,) = fake_sglang.model_runners
     args = created["server_args"]
     assert (args.model_path, args.dtype, args.device, args.base_gpu_id, args.tp_size) == (
-        "org/fake-model", "bfloat16", "cuda", 1, 1,
-    )  # fmt: skip
+        "org/fake-model",
+        "bfloat16",
+        "cuda",
+        1,
+        1,
+    )
     assert args.disable_cuda_graph and args.disable_radix_cache and args.skip_tokenizer_init
     assert (created["gpu_id"], created["tp_rank"], created["tp_size"], created["pp_size"]) == (1, 0, 1, 1)
     assert created["nccl_port"] == 29555 and created["mem_fraction_static"] == args.mem_fraction_static == 0.5
@@ -102,7 +112,9 @@ def test_supervision_at_a_position_is_the_next_tokens_prediction(fake_sglang):
     for b, n in enumerate(lengths):
         for t in range(n - 1):
             prefix_logits, _ = alone(runner, ids[b, : t + 2])  # causal: the prefix through t + 1 decides it
-            torch.testing.assert_close(out["target_probs"][b, t], torch.softmax(prefix_logits[0, -1].float(), -1))
+            torch.testing.assert_close(
+                out["target_probs"][b, t], torch.softmax(prefix_logits[0, -1].float(), -1)
+            )
         assert out["loss_mask"][b, n - 1 :].sum() == 0
 
 
@@ -166,7 +178,7 @@ def test_input_embeddings_drop_sglang_vocab_padding(fake_sglang):
     runner = load()
     weight = runner.input_embeddings()
     assert weight.shape == (fake_sglang.vocab, fake_sglang.hidden)
-    assert torch.equal(weight, runner.model_runner.model.embed_tokens.weight[:fake_sglang.vocab])
+    assert torch.equal(weight, runner.model_runner.model.embed_tokens.weight[: fake_sglang.vocab])
 
 
 def test_close_releases_the_model_and_sglang_distributed_state(fake_sglang):
@@ -188,7 +200,9 @@ def test_a_model_sglang_cannot_capture_is_refused(fake_sglang, monkeypatch):
 
 def test_without_sglang_the_error_says_how_to_install_it(fake_sglang, monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)
-    with pytest.raises(SGLangUnavailable, match=r"pip install 'eagle3-target\[sglang\]' in a separate server image"):
+    with pytest.raises(
+        SGLangUnavailable, match=r"pip install 'eagle3-target\[sglang\]' in a separate server image"
+    ):
         load()
     assert fake_sglang.model_runners == []
 

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -54,7 +54,7 @@ class BatchHandle:
     def cancel(self) -> bool:
         return self._future.cancel()
 
-    def result(self, timeout: Optional[float] = None) -> TargetBatch:
+    def result(self, timeout: float | None = None) -> TargetBatch:
         tensors = self._future.result(timeout)
         missing = [k for k in SUPERVISION_KEYS if tensors.get(k) is None]
         if missing:
@@ -77,8 +77,8 @@ class RemoteTargetBackend:
         self,
         endpoints: str | list[str] | None = None,
         *,
-        auth_token: Optional[str] = None,
-        nameserver: Optional[str] = None,
+        auth_token: str | None = None,
+        nameserver: str | None = None,
         device: torch.device | str | None = None,
         options: PoolOptions | None = None,
     ):
@@ -88,21 +88,23 @@ class RemoteTargetBackend:
         resolver = EndpointResolver(parse_specs(text), make_resolver(nameserver))
         self.session_id = str(uuid.uuid4())  # one per backend: the servers keep our vocab mapping under it
         self.device = torch.device(device) if device is not None else None
-        self._embeddings: Optional[torch.nn.Embedding] = None
+        self._embeddings: torch.nn.Embedding | None = None
         self._closed = False
         self._pending: set[concurrent.futures.Future] = set()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-target-client", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="eagle3-target-client", daemon=True
+        )
         self._thread.start()
         try:
-            self.pool = self._call(self._make_pool(resolver, auth_token if auth_token else default_token(), options))
+            # asyncio primitives bind to the loop that first uses them: ours, once start() runs there.
+            self.pool = TargetPool(
+                resolver, self.session_id, auth_token=auth_token or default_token(), options=options
+            )
             self._call(self.pool.start())
         except BaseException:
             self.close()
             raise
-
-    async def _make_pool(self, resolver, token, options) -> TargetPool:
-        return TargetPool(resolver, self.session_id, auth_token=token, options=options)  # binds to our loop
 
     def _submit(self, coro) -> concurrent.futures.Future:
         if self._closed:
@@ -153,7 +155,7 @@ class RemoteTargetBackend:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
     ) -> BatchHandle:
         """Submit one batch; the handle's ``result()`` returns its TargetBatch."""
-        inputs = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask)))
+        inputs = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=False))
         request = wire.encode({k: t.detach().to("cpu", torch.int64) for k, t in inputs.items()})
         device = self.device or input_ids.device
         return BatchHandle(self._submit(self.pool.generate(request)), attention_mask, device)
@@ -163,8 +165,9 @@ class RemoteTargetBackend:
     ) -> TargetBatch:
         return self.generate_batch_async(input_ids, attention_mask, loss_mask).result()
 
-    def prefetch(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                 depth: Optional[int] = None) -> Iterator[TargetBatch]:  # fmt: skip
+    def prefetch(
+        self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], depth: int | None = None
+    ) -> Iterator[TargetBatch]:
         """Yield the supervision of (input_ids, attention_mask, loss_mask) triples in submission order,
         keeping up to ``depth`` (default and cap: the healthy servers' capacity) requests in flight."""
         waiting: collections.deque[BatchHandle] = collections.deque()
@@ -175,7 +178,7 @@ class RemoteTargetBackend:
         while waiting:
             yield waiting.popleft().result()
 
-    def _depth(self, requested: Optional[int]) -> int:
+    def _depth(self, requested: int | None) -> int:
         capacity = max(1, len(self.pool.healthy()) * self.pool.options.max_in_flight)
         return capacity if requested is None else max(1, min(requested, capacity))
 
@@ -193,7 +196,7 @@ class RemoteTargetBackend:
         if not self._thread.is_alive():
             self._loop.close()
 
-    def __enter__(self) -> "RemoteTargetBackend":
+    def __enter__(self) -> RemoteTargetBackend:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -25,10 +25,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
     p.add_argument("--depth", type=int, help="requests in flight (default: one per healthy server)")
     p.add_argument("--max-in-flight", type=int, default=1, help="requests per server (default 1)")
-    p.add_argument("--settle-timeout", type=float, default=60.0,
-                   help="seconds to wait for every server found to join before measuring (default 60)")
-    p.add_argument("--data-path", choices=DATA_PATHS, default="auto",
-                   help="wire, p2p (point-to-point; gloo on CPU servers) or auto (GPU-direct when possible)")
+    p.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for every server found to join before measuring (default 60)",
+    )
+    p.add_argument(
+        "--data-path",
+        choices=DATA_PATHS,
+        default="auto",
+        help="wire, p2p (point-to-point; gloo on CPU servers) or auto (GPU-direct when possible)",
+    )
 
 
 @dataclass
@@ -43,12 +51,20 @@ class Throughput:
         return self.batches / self.seconds
 
     def __str__(self) -> str:
-        return (f"{self.batches_per_s:.2f} batches/s, {self.tokens / self.seconds:,.0f} tokens/s, "
-                f"{self.nbytes / self.seconds / 1e6:,.1f} MB/s ({self.batches} batches in {self.seconds:.2f}s)")  # fmt: skip
+        return (
+            f"{self.batches_per_s:.2f} batches/s, {self.tokens / self.seconds:,.0f} tokens/s, "
+            f"{self.nbytes / self.seconds / 1e6:,.1f} MB/s ({self.batches} batches in {self.seconds:.2f}s)"
+        )
 
 
-def measure(backend: RemoteTargetBackend, batch_size: int, seq_len: int, batches: int, warmup: int = 3,
-            depth: int | None = None) -> Throughput:  # fmt: skip
+def measure(
+    backend: RemoteTargetBackend,
+    batch_size: int,
+    seq_len: int,
+    batches: int,
+    warmup: int = 3,
+    depth: int | None = None,
+) -> Throughput:
     """Stream ``warmup + batches`` random batches through ``backend.prefetch``; the clock starts when the
     last warm-up batch arrives (at least one: the pipeline is full by then) and stops at the last batch."""
     warmup = max(1, warmup)
@@ -56,25 +72,33 @@ def measure(backend: RemoteTargetBackend, batch_size: int, seq_len: int, batches
     ids = torch.randint(0, vocab, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     nbytes, start = 0, 0.0
-    for index, batch in enumerate(backend.prefetch(((ids, mask, mask) for _ in range(warmup + batches)), depth)):
+    for index, batch in enumerate(
+        backend.prefetch(((ids, mask, mask) for _ in range(warmup + batches)), depth)
+    ):
         if index == warmup - 1:
             start = time.perf_counter()
         elif index >= warmup:
-            nbytes += sum(t.numel() * t.element_size() for k, t in batch.as_dict().items() if k != "attention_mask")
+            nbytes += sum(
+                t.numel() * t.element_size() for k, t in batch.as_dict().items() if k != "attention_mask"
+            )
     return Throughput(batches, batches * ids.numel(), nbytes, time.perf_counter() - start)
 
 
 def run(args: argparse.Namespace) -> int:
     token = args.auth_token_file.read_text().strip() if args.auth_token_file else None
     options = PoolOptions(max_in_flight=args.max_in_flight, data_path=args.data_path)
-    with RemoteTargetBackend(args.endpoints, auth_token=token, nameserver=args.nameserver, options=options) as backend:
+    with RemoteTargetBackend(
+        args.endpoints, auth_token=token, nameserver=args.nameserver, options=options
+    ) as backend:
         info = backend.model_info()
         vocab = info["vocab_size"]
         draft = args.draft_vocab or vocab
         mask = torch.zeros(vocab, dtype=torch.bool)
         mask[:draft] = True
         backend.set_vocab_mapping(torch.arange(draft), mask)
-        print(f"{backend.wait_for_servers(args.settle_timeout)} servers, model {info.get('model', '?')}, "
-              f"B={args.batch_size} S={args.seq_len} draft vocab {draft}")  # fmt: skip
+        print(
+            f"{backend.wait_for_servers(args.settle_timeout)} servers, model {info.get('model', '?')}, "
+            f"B={args.batch_size} S={args.seq_len} draft vocab {draft}"
+        )
         print(measure(backend, args.batch_size, args.seq_len, args.batches, args.warmup, args.depth))
     return 0

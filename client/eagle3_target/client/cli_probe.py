@@ -15,14 +15,23 @@ import aiohttp
 
 from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
 from .dispatch import describe_model
-from .endpoints import EndpointError, EndpointResolver, default_spec, default_token, make_resolver, parse_specs
+from .endpoints import (
+    EndpointError,
+    EndpointResolver,
+    default_spec,
+    default_token,
+    make_resolver,
+    parse_specs,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("endpoints", nargs="?", help="endpoint spec (default: $EAGLE3_TARGET_SERVICE)")
     p.add_argument("--nameserver", help="DNS server host[:port] (default: the system's)")
     p.add_argument("--auth-token-file", type=Path, help="default: $EAGLE3_TARGET_AUTH_TOKEN_FILE")
-    p.add_argument("--resolve-timeout", type=float, default=10.0, help="seconds to wait for the name (default 10)")
+    p.add_argument(
+        "--resolve-timeout", type=float, default=10.0, help="seconds to wait for the name (default 10)"
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per request (default 5)")
     p.add_argument("--pings", type=int, default=5, help="heartbeat round trips per server (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object per server")

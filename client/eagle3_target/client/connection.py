@@ -8,8 +8,9 @@ tensors) can be chosen there per server without touching dispatch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from typing import Any, Optional
+from typing import Any
 
 import aiohttp
 import torch
@@ -17,7 +18,12 @@ import torch
 from eagle3_target.protocol import spec, wire
 
 # Failures that say "this server, now" rather than "this request": try another server.
-TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, wire.WireError)
+TRANSIENT_ERRORS = (
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
+    asyncio.TimeoutError,
+    wire.WireError,
+)
 
 
 class ServerError(Exception):
@@ -40,10 +46,8 @@ def parse_server_timing(header: str) -> dict[str, float]:
         for param in params:
             key, _, value = param.partition("=")
             if key == "dur" and name:
-                try:
+                with contextlib.suppress(ValueError):
                     out[name] = float(value) / 1000
-                except ValueError:
-                    pass
     return out
 
 
@@ -78,7 +82,7 @@ class ServerConnection:
         http: aiohttp.ClientSession,
         session_id: str,
         *,
-        auth_token: Optional[str] = None,
+        auth_token: str | None = None,
         timeout: float = 120.0,
     ):
         self.url = url
@@ -87,15 +91,19 @@ class ServerConnection:
         self.headers = {spec.SESSION_HEADER: session_id}
         if auth_token:
             self.headers["Authorization"] = f"Bearer {auth_token}"
-        self.vocab_blob: Optional[bytes] = None  # re-sent when the server has lost our session
-        self.last_timings: dict[str, float] = {}
+        self.vocab_blob: bytes | None = None  # re-sent when the server has lost our session
         self.p2p = None  # a p2p.P2PChannel when the pool allows the point-to-point path
 
     def __repr__(self) -> str:
         return f"ServerConnection({self.url})"
 
-    async def _post(self, path: str, body: bytes = b"", timeout: Optional[aiohttp.ClientTimeout] = None,
-                    headers: Optional[dict[str, str]] = None):  # fmt: skip
+    async def _post(
+        self,
+        path: str,
+        body: bytes = b"",
+        timeout: aiohttp.ClientTimeout | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         """POST and return the response with its body read; raise ServerError on non-2xx."""
         async with self.http.post(
             f"{self.url}/{path}",
@@ -141,13 +149,15 @@ class ServerConnection:
 
     async def input_embeddings(self) -> torch.Tensor:
         # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
-        _, payload = await self._post(spec.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total))
+        _, payload = await self._post(
+            spec.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
+        )
         weight = wire.decode(payload).get("weight")
         if weight is None:
             raise wire.WireError(f"{self.url}/{spec.INPUT_EMBEDDINGS}: response has no 'weight'")
         return weight
 
-    async def set_vocab_mapping(self, blob: Optional[bytes] = None) -> None:
+    async def set_vocab_mapping(self, blob: bytes | None = None) -> None:
         """Send the mapping (wire blob of selected_token_ids, selected_token_mask); None re-sends the last one."""
         if blob is not None:
             self.vocab_blob = blob
@@ -155,7 +165,7 @@ class ServerConnection:
             raise RuntimeError("set_vocab_mapping has not been called")
         await self._post_json(spec.SET_VOCAB_MAPPING, self.vocab_blob)
 
-    async def generate(self, request: bytes) -> dict[str, Optional[torch.Tensor]]:
+    async def generate(self, request: bytes) -> dict[str, torch.Tensor | None]:
         """One wire /generate: the encoded inputs in, decoded supervision tensors (viewing one buffer) out.
 
         A 409 no_vocab_mapping means the server lost our session (restart or expiry): the
@@ -172,7 +182,6 @@ class ServerConnection:
                 raise
             await self.set_vocab_mapping()
             response, payload = await self._post(spec.GENERATE, request)
-        self.last_timings = parse_server_timing(response.headers.get("Server-Timing", ""))
         return wire.decode(payload)
 
     async def disconnect(self) -> None:

@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -67,7 +67,7 @@ class Member:
     state: str = JOINING
     in_flight: int = 0
     last_error: str = ""
-    refusal: Optional[BaseException] = None
+    refusal: BaseException | None = None
     tasks: set[asyncio.Task] = field(default_factory=set)
 
     @property
@@ -96,7 +96,7 @@ class TargetPool:
         resolver: EndpointResolver,
         session_id: str,
         *,
-        auth_token: Optional[str] = None,
+        auth_token: str | None = None,
         options: PoolOptions | None = None,
     ):
         self.resolver = resolver
@@ -104,15 +104,15 @@ class TargetPool:
         self.auth_token = auth_token
         self.options = options or PoolOptions()
         self.members: dict[str, Member] = {}
-        self.reference: Optional[dict[str, Any]] = None  # model_info every member must match
+        self.reference: dict[str, Any] | None = None  # model_info every member must match
         self.refused: dict[str, str] = {}  # url -> why
-        self.vocab_blob: Optional[bytes] = None
+        self.vocab_blob: bytes | None = None
         self._changed = asyncio.Condition()
         self._resolve_now = asyncio.Event()
         self._turn = 0
         self.failovers = 0  # attempts that failed on one server and moved on
         self._tasks: set[asyncio.Task] = set()
-        self._http: Optional[aiohttp.ClientSession] = None
+        self._http: aiohttp.ClientSession | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -155,8 +155,10 @@ class TargetPool:
     async def _check_initial_models(self, urls: list[str]) -> None:
         """Refuse a mixed fleet up front rather than admitting whichever server answers first."""
         probe = aiohttp.ClientTimeout(total=min(10.0, self.options.request_timeout))
-        infos = await asyncio.gather(*(self._connection(url, probe).model_info() for url in urls), return_exceptions=True)
-        answered = {url: info for url, info in zip(urls, infos) if isinstance(info, dict)}
+        infos = await asyncio.gather(
+            *(self._connection(url, probe).model_info() for url in urls), return_exceptions=True
+        )
+        answered = {url: info for url, info in zip(urls, infos, strict=False) if isinstance(info, dict)}
         if not answered:
             return  # none ready yet: the join tasks will set the reference
         groups: dict[str, list[str]] = {}
@@ -171,7 +173,9 @@ class TargetPool:
         """Stop background work and end our sessions (only ours: the servers keep running)."""
         for task in list(self._tasks) + [t for m in self.members.values() for t in m.tasks]:
             task.cancel()
-        await asyncio.gather(*self._tasks, *(t for m in self.members.values() for t in m.tasks), return_exceptions=True)
+        await asyncio.gather(
+            *self._tasks, *(t for m in self.members.values() for t in m.tasks), return_exceptions=True
+        )
         await asyncio.gather(*(self._disconnect(m) for m in self.members.values()), return_exceptions=True)
         self.members.clear()
         if self._http is not None:
@@ -184,7 +188,10 @@ class TargetPool:
         return [m for m in list(self.members.values()) if m.state == HEALTHY]
 
     def describe_members(self) -> str:
-        parts = [f"{m.url} {m.state}" + (f" ({m.last_error})" if m.last_error else "") for m in self.members.values()]
+        parts = [
+            f"{m.url} {m.state}" + (f" ({m.last_error})" if m.last_error else "")
+            for m in self.members.values()
+        ]
         parts += [f"{url} refused ({why})" for url, why in self.refused.items() if url not in self.members]
         return "; ".join(parts) or "no servers"
 
@@ -203,7 +210,7 @@ class TargetPool:
             member.conn.vocab_blob = blob
         targets = self.healthy()
         results = await asyncio.gather(*(m.conn.set_vocab_mapping() for m in targets), return_exceptions=True)
-        for member, result in zip(targets, results):
+        for member, result in zip(targets, results, strict=False):
             if isinstance(result, ServerError) and not result.retryable:
                 raise result
             if isinstance(result, BaseException):
@@ -238,13 +245,15 @@ class TargetPool:
             tried.append(f"{member.url}: {_short(error)}")
             self.failovers += 1
             self._quarantine(member, error)
-            delay = min(self.options.backoff_max, self.options.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
+            delay = min(self.options.backoff_max, self.options.backoff_base * 2**attempt) * random.uniform(
+                0.5, 1.0
+            )
             attempt += 1
             await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
 
     # -- slots -----------------------------------------------------------------------------
 
-    async def _acquire(self, deadline: float) -> Optional[Member]:
+    async def _acquire(self, deadline: float) -> Member | None:
         loop = asyncio.get_running_loop()
         async with self._changed:
             while True:
@@ -257,8 +266,12 @@ class TargetPool:
                     return None
                 await self._wait_changed(left)
 
-    def _pick(self) -> Optional[Member]:
-        free = [m for m in self.members.values() if m.state == HEALTHY and m.in_flight < self.options.max_in_flight]
+    def _pick(self) -> Member | None:
+        free = [
+            m
+            for m in self.members.values()
+            if m.state == HEALTHY and m.in_flight < self.options.max_in_flight
+        ]
         if not free:
             return None
         self._turn += 1
@@ -279,7 +292,7 @@ class TargetPool:
         try:
             await asyncio.wait_for(self._changed.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     def _notify(self) -> None:
@@ -293,8 +306,9 @@ class TargetPool:
 
     def _connection(self, url: str, timeout: aiohttp.ClientTimeout | None = None) -> ServerConnection:
         assert self._http is not None
-        conn = ServerConnection(url, self._http, self.session_id, auth_token=self.auth_token,
-                                timeout=self.options.request_timeout)  # fmt: skip
+        conn = ServerConnection(
+            url, self._http, self.session_id, auth_token=self.auth_token, timeout=self.options.request_timeout
+        )
         if timeout is not None:
             conn.timeout = timeout
         conn.vocab_blob = self.vocab_blob
@@ -350,7 +364,9 @@ class TargetPool:
             self.reference = info
         diff = model_difference(self.reference, info)
         if diff:
-            detail = ", ".join(f"{k}: {theirs!r} (pool has {ours!r})" for k, (ours, theirs) in sorted(diff.items()))
+            detail = ", ".join(
+                f"{k}: {theirs!r} (pool has {ours!r})" for k, (ours, theirs) in sorted(diff.items())
+            )
             raise ModelMismatchError(f"{member.url} serves a different target: {detail}")
         while member.conn.vocab_blob is not None:
             sent = member.conn.vocab_blob
@@ -391,7 +407,9 @@ class TargetPool:
         try:
             urls = set(await self.resolver.resolve())
         except DNS_ERRORS as exc:
-            log.warning("re-resolving target endpoints failed (keeping %d servers): %s", len(self.members), exc)
+            log.warning(
+                "re-resolving target endpoints failed (keeping %d servers): %s", len(self.members), exc
+            )
             return
         for url in urls - self.members.keys():
             log.info("new target server %s", url)

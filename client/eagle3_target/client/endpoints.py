@@ -52,7 +52,9 @@ def parse_specs(text: str) -> list[EndpointSpec]:
             continue
         scheme, sep, rest = part.partition("://")
         if not sep or not rest:
-            raise EndpointError(f"endpoint {part!r} has no scheme; use http://host:port, dns://name[:port] or srv://name")
+            raise EndpointError(
+                f"endpoint {part!r} has no scheme; use http://host:port, dns://name[:port] or srv://name"
+            )
         scheme = scheme.lower()
         if scheme in ("http", "https"):
             specs.append(EndpointSpec("http", part.rstrip("/")))
@@ -116,10 +118,6 @@ class EndpointResolver:
         self.specs = specs
         self.resolver = resolver or make_resolver()
 
-    @property
-    def is_static(self) -> bool:
-        return all(s.kind == "http" for s in self.specs)
-
     async def resolve(self) -> list[str]:
         """All URLs now; raises a DNS error if any name does not resolve."""
         urls: set[str] = set()
@@ -139,7 +137,9 @@ class EndpointResolver:
         answer = await self.resolver.resolve(name, "A")
         return [record.address for record in answer]
 
-    async def resolve_until(self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0) -> list[str]:
+    async def resolve_until(
+        self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0
+    ) -> list[str]:
         """Retry with bounded, jittered backoff until some URL resolves or ``deadline`` (loop time) passes."""
         loop = asyncio.get_running_loop()
         delay = first_delay
@@ -154,7 +154,9 @@ class EndpointResolver:
             left = deadline - loop.time()
             names = ", ".join(str(s) for s in self.specs)
             if left <= 0:
-                raise EndpointError(f"target endpoints {names} did not resolve in time; last error: {problem}")
+                raise EndpointError(
+                    f"target endpoints {names} did not resolve in time; last error: {problem}"
+                )
             log.info("waiting for %s (%s); retrying in %.1fs", names, problem, delay)
             await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.0)))
             delay = min(max_delay, delay * 2)

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-from typing import Optional
 
 import torch
 
@@ -36,7 +35,7 @@ class P2PChannel:
         if mode not in DATA_PATHS:
             raise ValueError(f"unknown data path {mode!r}; choose {', '.join(DATA_PATHS)}")
         self.mode, self.timeout, self.retry_after = mode, timeout, retry_after
-        self.group: Optional[PeerGroup] = None
+        self.group: PeerGroup | None = None
         self.next_seq = 0
         self.retry_at = 0.0  # monotonic time before which we do not try to build a group
         self.transfers = self.fallbacks = 0
@@ -44,14 +43,14 @@ class P2PChannel:
 
     # -- the hook ServerConnection.generate calls -----------------------------------------
 
-    async def generate(self, conn: ServerConnection, request: bytes) -> Optional[dict]:
+    async def generate(self, conn: ServerConnection, request: bytes) -> dict | None:
         """Supervision for ``request``; None means "use the wire path" (the caller then does)."""
         if self.mode == "wire":
             return None
         async with self._lock:
             return await self._generate(conn, request)
 
-    async def _generate(self, conn: ServerConnection, request: bytes) -> Optional[dict]:
+    async def _generate(self, conn: ServerConnection, request: bytes) -> dict | None:
         group = await self._group(conn)
         if group is None:
             return None
@@ -72,7 +71,9 @@ class P2PChannel:
             return wire.decode(payload)
         try:
             if response.headers.get(spec.SEQUENCE_HEADER) != str(seq):
-                raise TransferError(f"server echoed transfer {response.headers.get(spec.SEQUENCE_HEADER)}, not {seq}")
+                raise TransferError(
+                    f"server echoed transfer {response.headers.get(spec.SEQUENCE_HEADER)}, not {seq}"
+                )
             metadata = spec.decode_metadata(payload)
             loop = asyncio.get_running_loop()
             tensors = await loop.run_in_executor(None, group.recv, metadata, seq, self.timeout)
@@ -86,7 +87,7 @@ class P2PChannel:
 
     # -- group lifecycle -------------------------------------------------------------------
 
-    async def _group(self, conn: ServerConnection) -> Optional[PeerGroup]:
+    async def _group(self, conn: ServerConnection) -> PeerGroup | None:
         if self.group is not None and not self.group.closed:
             return self.group
         if time.monotonic() < self.retry_at:

@@ -54,14 +54,21 @@ def client_configmap_name(name: str) -> str:
 def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
     ports = spec.ports_for(ordinal)
     args = [
-        "--model", spec.model,
-        "--engine", spec.engine,
-        "--dtype", spec.dtype,
-        "--device", "cuda" if spec.gpus_per_replica > 0 else "cpu",
-        "--host", "$(POD_IP)",
-        "--port", str(ports.http),
-        "--nccl-port-range", ports.nccl_range,
-    ]  # fmt: skip
+        "--model",
+        spec.model,
+        "--engine",
+        spec.engine,
+        "--dtype",
+        spec.dtype,
+        "--device",
+        "cuda" if spec.gpus_per_replica > 0 else "cpu",
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        str(ports.http),
+        "--nccl-port-range",
+        ports.nccl_range,
+    ]
     if spec.aux_layer_ids is not None:
         args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
     if spec.auth_secret_name:
@@ -128,17 +135,25 @@ def _volumes(spec: TargetSpec) -> tuple[list[dict], list[dict]]:
     if spec.model_volume:
         mv = spec.model_volume
         if mv.get("persistentVolumeClaim"):
-            source = {"persistentVolumeClaim": {**mv["persistentVolumeClaim"], "readOnly": mv.get("readOnly", True)}}
+            source = {
+                "persistentVolumeClaim": {**mv["persistentVolumeClaim"], "readOnly": mv.get("readOnly", True)}
+            }
         else:
             source = copy.deepcopy(mv["volumeSource"])
         volumes.append({"name": "model", **source})
-        mount = {"name": "model", "mountPath": mv.get("mountPath", "/models"), "readOnly": mv.get("readOnly", True)}
+        mount = {
+            "name": "model",
+            "mountPath": mv.get("mountPath", "/models"),
+            "readOnly": mv.get("readOnly", True),
+        }
         if mv.get("subPath"):
             mount["subPath"] = mv["subPath"]
         mounts.append(mount)
     if spec.auth_secret_name:
         items = [{"key": spec.auth_secret_key, "path": "token"}]
-        volumes.append({"name": "auth-token", "secret": {"secretName": spec.auth_secret_name, "items": items}})
+        volumes.append(
+            {"name": "auth-token", "secret": {"secretName": spec.auth_secret_name, "items": items}}
+        )
         mounts.append({"name": "auth-token", "mountPath": TOKEN_DIR, "readOnly": True})
     return volumes, mounts
 
@@ -263,7 +278,11 @@ def client_configmap(spec: TargetSpec, name: str, namespace: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": client_configmap_name(name), "namespace": namespace, "labels": labels(name, "client")},
+        "metadata": {
+            "name": client_configmap_name(name),
+            "namespace": namespace,
+            "labels": labels(name, "client"),
+        },
         "data": client_env(spec, name, namespace),
     }
 

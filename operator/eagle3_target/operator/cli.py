@@ -9,15 +9,32 @@ import os
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[],
-                       help="watch this namespace (repeatable; globs allowed); default: all namespaces")  # fmt: skip
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                   help="kopf's liveness endpoint URL, '' to disable (default %(default)s)")  # fmt: skip
-    p.add_argument("--default-image", default=os.environ.get("EAGLE3_TARGET_IMAGE"),
-                   help="server image for targets whose spec.image is empty (env EAGLE3_TARGET_IMAGE)")  # fmt: skip
-    p.add_argument("--interval", type=float, default=float(os.environ.get("EAGLE3_TARGET_OPERATOR_INTERVAL", 10)),
-                   help="seconds between re-checks of each target: healing and status (default 10)")  # fmt: skip
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; globs allowed); default: all namespaces",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+    )
+    p.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf's liveness endpoint URL, '' to disable (default %(default)s)",
+    )
+    p.add_argument(
+        "--default-image",
+        default=os.environ.get("EAGLE3_TARGET_IMAGE"),
+        help="server image for targets whose spec.image is empty (env EAGLE3_TARGET_IMAGE)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=float(os.environ.get("EAGLE3_TARGET_OPERATOR_INTERVAL", 10)),
+        help="seconds between re-checks of each target: healing and status (default 10)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

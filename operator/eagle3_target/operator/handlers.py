@@ -43,7 +43,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.children = Children(await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG")))
 
 
-@kopf.index("pods", labels={"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT})
+@kopf.index(
+    "pods", labels={"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
+)
 def target_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[builders.TARGET_LABEL]): PodState.from_pod(dict(body))}
 
@@ -114,7 +116,9 @@ async def _apply(target, name, namespace, body, pods, hashes, memo) -> None:
         pod = builders.pod(target, name, namespace, ordinal, memo.default_image)
         kopf.append_owner_reference(pod, owner=body)
         if await memo.children.create_pod(pod):
-            kopf.event(body, type="Normal", reason="CreatedPod", message=f"created pod {pod['metadata']['name']}")
+            kopf.event(
+                body, type="Normal", reason="CreatedPod", message=f"created pod {pod['metadata']['name']}"
+            )
 
 
 def _announce_invalid(body: kopf.Body, previous: dict, problems: list[str]) -> None:

@@ -15,9 +15,13 @@ KINDS = {"Pod": Pod, "Service": Service, "ConfigMap": ConfigMap}
 def is_subset(desired: Any, actual: Any) -> bool:
     """True if every field we set has our value; fields the API server filled in are ignored."""
     if isinstance(desired, dict):
-        return isinstance(actual, dict) and all(k in actual and is_subset(v, actual[k]) for k, v in desired.items())
+        return isinstance(actual, dict) and all(
+            k in actual and is_subset(v, actual[k]) for k, v in desired.items()
+        )
     if isinstance(desired, list):
-        return isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
+        return (
+            isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
+        )
     return desired == actual
 
 

@@ -132,7 +132,9 @@ class TargetSpec:
         replicas can share a node; on the pod network every replica uses the same ports on its own IP."""
         slot = ordinal if self.host_network else 0
         start = self.nccl_start + slot * self.nccl_per_replica
-        return PortLayout(http=self.http_port + slot, nccl_start=start, nccl_end=start + self.nccl_per_replica - 1)
+        return PortLayout(
+            http=self.http_port + slot, nccl_start=start, nccl_end=start + self.nccl_per_replica - 1
+        )
 
     def problems(self) -> list[str]:
         """Semantic errors the CRD schema cannot catch (and schema errors, since a spec may skip validation)."""

@@ -10,8 +10,14 @@ from typing import Any
 from .builders import HASH_ANNOTATION, ORDINAL_LABEL
 
 # Waiting reasons that will not fix themselves while the spec stays as it is.
-FAILING_REASONS = {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
-                   "CreateContainerError", "InvalidImageName"}  # fmt: skip
+FAILING_REASONS = {
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+}
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,12 @@ class PodState:
     def from_pod(cls, body: dict[str, Any]) -> PodState:
         meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-        ports = [p for c in spec.get("containers", [])[:1] for p in c.get("ports", []) if p.get("name") == "http"]
+        ports = [
+            p for c in spec.get("containers", [])[:1] for p in c.get("ports", []) if p.get("name") == "http"
+        ]
         waiting = [
-            (s.get("state") or {}).get("waiting", {}).get("reason") for s in status.get("containerStatuses") or []
+            (s.get("state") or {}).get("waiting", {}).get("reason")
+            for s in status.get("containerStatuses") or []
         ]
         failing = next((r for r in waiting if r in FAILING_REASONS), None)
         phase = status.get("phase", "Pending")
@@ -107,8 +116,12 @@ def merge_conditions(previous: list[dict] | None, current: list[dict], timestamp
     merged = []
     for cond in current:
         before = old.get(cond["type"])
-        unchanged = before is not None and before.get("status") == cond["status"] and before.get("lastTransitionTime")
-        merged.append({**cond, "lastTransitionTime": before["lastTransitionTime"] if unchanged else timestamp})
+        unchanged = (
+            before is not None and before.get("status") == cond["status"] and before.get("lastTransitionTime")
+        )
+        merged.append(
+            {**cond, "lastTransitionTime": before["lastTransitionTime"] if unchanged else timestamp}
+        )
     return merged
 
 
@@ -121,7 +134,9 @@ def conditions(
             condition("Ready", False, "InvalidSpec", message, generation),
             condition("Progressing", False, "InvalidSpec", message, generation),
             condition("Degraded", True, "InvalidSpec", message, generation),
-            *kstatus_conditions(ready=False, stalled=True, reason="InvalidSpec", message=message, generation=generation),
+            *kstatus_conditions(
+                ready=False, stalled=True, reason="InvalidSpec", message=message, generation=generation
+            ),
         ]
     live = [p for p in pods if not p.terminating]
     wanted = [p for p in live if 0 <= p.ordinal < replicas]
@@ -142,9 +157,13 @@ def conditions(
         ready_cond = condition("Ready", False, "ModelLoading", counts, generation)
 
     if len(live) != replicas:
-        progressing = condition("Progressing", True, "Scaling", f"{len(live)} pods, {replicas} wanted", generation)
+        progressing = condition(
+            "Progressing", True, "Scaling", f"{len(live)} pods, {replicas} wanted", generation
+        )
     elif outdated:
-        progressing = condition("Progressing", True, "RollingUpdate", f"{len(outdated)} pods to replace", generation)
+        progressing = condition(
+            "Progressing", True, "RollingUpdate", f"{len(outdated)} pods to replace", generation
+        )
     elif len(ready) < replicas:
         progressing = condition("Progressing", True, "ModelLoading", counts, generation)
     else:
@@ -156,12 +175,19 @@ def conditions(
     else:
         degraded = condition("Degraded", False, "AsExpected", "no failing targets", generation)
     ready = ready_cond["status"] == "True"
-    return [ready_cond, progressing, degraded,
-            *kstatus_conditions(ready=ready, stalled=False, reason=ready_cond["reason"], message=counts,
-                                generation=generation)]  # fmt: skip
+    return [
+        ready_cond,
+        progressing,
+        degraded,
+        *kstatus_conditions(
+            ready=ready, stalled=False, reason=ready_cond["reason"], message=counts, generation=generation
+        ),
+    ]
 
 
-def kstatus_conditions(*, ready: bool, stalled: bool, reason: str, message: str, generation: int | None) -> list[dict]:
+def kstatus_conditions(
+    *, ready: bool, stalled: bool, reason: str, message: str, generation: int | None
+) -> list[dict]:
     """kstatus's abnormal-true pair, which `helm install --wait` (Helm 4) and Flux read for custom resources:
     Reconciling while the fleet is not yet Ready, Stalled when it never will be without a spec change."""
     return [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Optional
 
 import torch
 
@@ -55,7 +54,7 @@ def validate_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
     return ids
 
 
-def encode_metadata(tensors: Mapping[str, Optional[torch.Tensor]]) -> bytes:
+def encode_metadata(tensors: Mapping[str, torch.Tensor | None]) -> bytes:
     """The JSON body of a point-to-point /generate response: key order and per-key dtype and shape."""
     metadata = {
         key: None if t is None else {"dtype_code": DTYPE_TO_CODE[t.dtype], "shape": list(t.shape)}
@@ -64,14 +63,16 @@ def encode_metadata(tensors: Mapping[str, Optional[torch.Tensor]]) -> bytes:
     return json.dumps({"keys_order": list(tensors), "metadata": metadata}).encode()
 
 
-def decode_metadata(body: bytes) -> dict[str, Optional[tuple[torch.dtype, list[int]]]]:
+def decode_metadata(body: bytes) -> dict[str, tuple[torch.dtype, list[int]] | None]:
     """Parse the metadata JSON into key -> (dtype, shape) or None, in send order."""
     try:
         doc = json.loads(body)
-        out: dict[str, Optional[tuple[torch.dtype, list[int]]]] = {}
+        out: dict[str, tuple[torch.dtype, list[int]] | None] = {}
         for key in doc["keys_order"]:
             meta = doc["metadata"][key]
-            out[key] = None if meta is None else (CODE_TO_DTYPE[meta["dtype_code"]], [int(d) for d in meta["shape"]])
+            out[key] = (
+                None if meta is None else (CODE_TO_DTYPE[meta["dtype_code"]], [int(d) for d in meta["shape"]])
+            )
         return out
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"bad transfer metadata: {exc}") from exc

@@ -20,7 +20,7 @@ class VocabMapping:
     selected_token_mask: torch.Tensor  # bool [V]
 
     @classmethod
-    def identity(cls, vocab_size: int, device: torch.device | str = "cpu") -> "VocabMapping":
+    def identity(cls, vocab_size: int, device: torch.device | str = "cpu") -> VocabMapping:
         return cls(
             torch.arange(vocab_size, device=device),
             torch.ones(vocab_size, dtype=torch.bool, device=device),

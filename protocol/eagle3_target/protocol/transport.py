@@ -20,12 +20,12 @@ another transfer: callers close it and build a new one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import socket
 import time
 from collections.abc import Mapping
-from typing import Optional
 
 import torch
 from torch.distributed import PrefixStore, TCPStore
@@ -37,7 +37,7 @@ NCCL = "nccl"
 SERVER_RANK, CLIENT_RANK = 0, 1
 BYTE_VIEW_DTYPES = (torch.bool, torch.int8, torch.int16)
 
-Metadata = Mapping[str, Optional[tuple[torch.dtype, list[int]]]]
+Metadata = Mapping[str, tuple[torch.dtype, list[int]] | None]
 
 
 class TransferError(RuntimeError):
@@ -109,7 +109,7 @@ class PeerGroup:
         self.closed = False
 
     @classmethod
-    def host(cls, sock: socket.socket, backend: str, timeout: float, device: str = "cpu") -> "PeerGroup":
+    def host(cls, sock: socket.socket, backend: str, timeout: float, device: str = "cpu") -> PeerGroup:
         """Rank 0 on a listening socket from ``listen``; blocks (up to ``timeout``) until the peer joins.
 
         (NCCL connects lazily, at the first transfer, so for NCCL this returns at once.)
@@ -117,7 +117,9 @@ class PeerGroup:
         address, port = sock.getsockname()[:2]
         delta = datetime.timedelta(seconds=timeout)
         try:
-            store = TCPStore(address, port, 2, True, delta, wait_for_workers=False, master_listen_fd=sock.detach())
+            store = TCPStore(
+                address, port, 2, True, delta, wait_for_workers=False, master_listen_fd=sock.detach()
+            )
         finally:
             sock.close()
         name = group_name(port)
@@ -131,14 +133,17 @@ class PeerGroup:
         raise TransferError(error)
 
     @classmethod
-    def join(cls, host: str, port: int, backend: str, timeout: float, device: str = "cpu") -> "PeerGroup":
+    def join(cls, host: str, port: int, backend: str, timeout: float, device: str = "cpu") -> PeerGroup:
         """Rank 1: connect to the server's store at (host, port) and build our side of the group."""
         delta = datetime.timedelta(seconds=timeout)
         name = group_name(port)
         try:
             store = TCPStore(host, port, 2, False, delta)
             pg = _backend(store, CLIENT_RANK, backend, name, local_address_towards(host), delta)
-        except (RuntimeError, OSError) as exc:  # torch's DistNetworkError and DistStoreError are RuntimeErrors
+        except (
+            RuntimeError,
+            OSError,
+        ) as exc:  # torch's DistNetworkError and DistStoreError are RuntimeErrors
             error = f"rendezvous with {host}:{port} failed: {exc}"
         else:
             return cls(pg, store, rank=CLIENT_RANK, backend=backend, name=name, device=torch.device(device))
@@ -151,7 +156,7 @@ class PeerGroup:
 
     # -- transfers -------------------------------------------------------------------------
 
-    def send(self, tensors: Mapping[str, Optional[torch.Tensor]], seq: Optional[int], timeout: float) -> int:
+    def send(self, tensors: Mapping[str, torch.Tensor | None], seq: int | None, timeout: float) -> int:
         """Send ``seq`` (if given) then each non-None tensor in order; return the tensor bytes sent."""
         buffers = [] if seq is None else [self._seq_tensor(seq)]
         for tensor in tensors.values():
@@ -160,14 +165,16 @@ class PeerGroup:
         self._run(buffers, "send", timeout)
         return sum(b.numel() * b.element_size() for b in buffers[0 if seq is None else 1 :])
 
-    def recv(self, metadata: Metadata, seq: Optional[int], timeout: float) -> dict[str, Optional[torch.Tensor]]:
+    def recv(self, metadata: Metadata, seq: int | None, timeout: float) -> dict[str, torch.Tensor | None]:
         """Receive what ``send`` sent, sized from ``metadata``; check the sequence number if one is expected."""
         incoming = {key: None if meta is None else self._incoming(*meta) for key, meta in metadata.items()}
         head = [] if seq is None else [self._seq_tensor(-1)]
         self._run(head + [b for b in incoming.values() if b is not None], "recv", timeout)
         if seq is not None and int(head[0].item()) != seq:
             self.close()
-            raise TransferError(f"sequence mismatch: expected transfer {seq}, the server sent {int(head[0].item())}")
+            raise TransferError(
+                f"sequence mismatch: expected transfer {seq}, the server sent {int(head[0].item())}"
+            )
         return {
             key: None if buf is None else buf.view(metadata[key][0]).view(metadata[key][1])
             for key, buf in incoming.items()
@@ -176,7 +183,9 @@ class PeerGroup:
     def _incoming(self, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         if dtype in BYTE_VIEW_DTYPES:
             numel = math.prod(shape)
-            return torch.empty(numel * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8, device=self.device)
+            return torch.empty(
+                numel * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8, device=self.device
+            )
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def _seq_tensor(self, seq: int) -> torch.Tensor:
@@ -223,9 +232,6 @@ class PeerGroup:
         if self.closed:
             return
         self.closed = True
-        try:
+        with contextlib.suppress(RuntimeError):  # already broken: nothing left to abort
             self._pg.abort()
-        except RuntimeError:
-            pass  # already broken: nothing left to abort
         self._pg = self._store = None
-

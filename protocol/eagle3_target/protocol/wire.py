@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Optional
 
 import torch
 
@@ -41,7 +40,7 @@ _U64 = struct.Struct("<Q")
 _ENTRY_HEAD = struct.Struct("<BBB")  # flags, dtype code, ndim
 _FLAG_NONE = 1
 
-TensorDict = Mapping[str, Optional[torch.Tensor]]
+TensorDict = Mapping[str, torch.Tensor | None]
 
 
 class WireError(ValueError):
@@ -64,7 +63,7 @@ def _prepare(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def _entry_header(key: str, tensor: Optional[torch.Tensor]) -> bytes:
+def _entry_header(key: str, tensor: torch.Tensor | None) -> bytes:
     name = key.encode("utf-8")
     head = _U32.pack(len(name)) + name
     if tensor is None:
@@ -140,7 +139,7 @@ class _Reader:
         return _U64.unpack(self.take(8, what))[0]
 
 
-def decode(buf: bytes | bytearray | memoryview) -> dict[str, Optional[torch.Tensor]]:
+def decode(buf: bytes | bytearray | memoryview) -> dict[str, torch.Tensor | None]:
     """Decode a wire blob into tensors that view ``buf`` (zero-copy).
 
     Pass a writable buffer (bytearray) to get writable tensors; read-only
@@ -151,7 +150,7 @@ def decode(buf: bytes | bytearray | memoryview) -> dict[str, Optional[torch.Tens
     magic = reader.u32("magic")
     if magic != MAGIC:
         raise WireError(f"bad magic 0x{magic:08X}, expected 0x{MAGIC:08X}")
-    out: dict[str, Optional[torch.Tensor]] = {}
+    out: dict[str, torch.Tensor | None] = {}
     while reader.pos < len(view):
         key_len = reader.u32("key length")
         try:

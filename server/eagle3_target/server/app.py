@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from aiohttp import web
@@ -46,9 +45,9 @@ class ServerOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     session_ttl: float = 3600.0
     exit_on_disconnect: bool = False
-    auth_token: Optional[str] = None
-    nccl_port: Optional[int] = None
-    nccl_port_range: Optional[PortRange] = None  # where /init_nccl without a port allocates one
+    auth_token: str | None = None
+    nccl_port: int | None = None
+    nccl_port_range: PortRange | None = None  # where /init_nccl without a port allocates one
     p2p: bool = True
     p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
 
@@ -61,8 +60,8 @@ class TargetServer:
         self.options = options or ServerOptions()
         self.metrics = ServerMetrics()
         self.sessions = SessionTable(self.options.session_ttl)
-        self.runner: Optional[TargetRunner] = None
-        self.load_error: Optional[BaseException] = None
+        self.runner: TargetRunner | None = None
+        self.load_error: BaseException | None = None
         self.stopped = asyncio.Event()  # set by --exit-on-disconnect or a failed load
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
         self._compute_lock = asyncio.Lock()
@@ -135,9 +134,16 @@ class TargetServer:
         self.metrics.ready.set(1)
         log.info(
             "ready: %s (%s, %d layers, hidden %d, vocab %d, aux layers %s, %s on %s) loaded and warmed in %.1fs",
-            info.model, info.engine, info.num_hidden_layers, info.hidden_size, info.vocab_size,
-            info.aux_layer_ids, info.dtype, info.device, elapsed,
-        )  # fmt: skip
+            info.model,
+            info.engine,
+            info.num_hidden_layers,
+            info.hidden_size,
+            info.vocab_size,
+            info.aux_layer_ids,
+            info.dtype,
+            info.device,
+            elapsed,
+        )
 
     async def _expire_sessions(self) -> None:
         period = max(1.0, min(60.0, self.options.session_ttl / 4)) if self.options.session_ttl > 0 else 60.0
@@ -267,8 +273,7 @@ class TargetServer:
         session = self._session(request)
         body = bytearray(await request.read())
         vocab = parse_vocab_mapping(body, runner.info.vocab_size, runner.info.device)
-        async with self._compute_lock:  # a forward never sees half a mapping
-            session.vocab = vocab
+        session.vocab = vocab  # a forward already running keeps the mapping it was handed
         return web.json_response({"status": "ok"})
 
     async def init_nccl(self, request: web.Request) -> web.Response:
@@ -324,10 +329,14 @@ class TargetServer:
             request.protocol.force_close()
             return response
         timings["send"] = time.perf_counter() - start
-        self._record_generate(timings, inputs, "nccl", sent)  # "nccl" names the point-to-point path, gloo included
+        self._record_generate(
+            timings, inputs, "nccl", sent
+        )  # "nccl" names the point-to-point path, gloo included
         return response
 
-    def _record_generate(self, timings: dict[str, float], inputs: dict[str, torch.Tensor], path: str, sent: int):
+    def _record_generate(
+        self, timings: dict[str, float], inputs: dict[str, torch.Tensor], path: str, sent: int
+    ):
         for phase, seconds in timings.items():
             self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
         self.metrics.tokens.inc(inputs["input_ids"].numel())
@@ -362,7 +371,9 @@ def _warm_up(runner: TargetRunner) -> None:
     build_supervision(logits, aux, ids, ids, VocabMapping.identity(logits.shape[-1], device))
 
 
-def _compute(runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timings: dict[str, float], to_host=True):
+def _compute(
+    runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timings: dict[str, float], to_host=True
+):
     """On the model thread: forward, projection, and (for the wire) the move to host memory."""
     device = runner.info.device
     start = time.perf_counter()

@@ -28,28 +28,58 @@ def _port_range(text: str) -> PortRange:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="local directory or hub id; default: the embedded tiny Llama (no download)")
+    p.add_argument(
+        "--model", help="local directory or hub id; default: the embedded tiny Llama (no download)"
+    )
     p.add_argument("--engine", choices=["hf", "sglang", "synthetic"], default="hf")
     p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
-    p.add_argument("--nccl-port", type=int, help="rendezvous port used when a client names none (default --port+100)")
-    p.add_argument("--nccl-port-range", type=_port_range,
-                   help="ports for point-to-point groups of clients that name none, e.g. 8101-8164; give pods "
-                        "sharing a node (hostNetwork) disjoint ranges (default: --port+100 to --port+163)")
-    p.add_argument("--disable-p2p", action="store_true",
-                   help="answer /init_nccl with 'disabled': every /generate goes over the wire")
-    p.add_argument("--p2p-timeout", type=float, default=120.0,
-                   help="seconds for a point-to-point rendezvous and for each transfer (default 120)")
-    p.add_argument("--aux-layer-ids", type=_aux_ids, help="three layer ids, e.g. '1,15,28' (default [1, L//2-1, L-4])")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on CUDA, float32 on CPU")  # fmt: skip
+    p.add_argument(
+        "--nccl-port", type=int, help="rendezvous port used when a client names none (default --port+100)"
+    )
+    p.add_argument(
+        "--nccl-port-range",
+        type=_port_range,
+        help="ports for point-to-point groups of clients that name none, e.g. 8101-8164; give pods "
+        "sharing a node (hostNetwork) disjoint ranges (default: --port+100 to --port+163)",
+    )
+    p.add_argument(
+        "--disable-p2p",
+        action="store_true",
+        help="answer /init_nccl with 'disabled': every /generate goes over the wire",
+    )
+    p.add_argument(
+        "--p2p-timeout",
+        type=float,
+        default=120.0,
+        help="seconds for a point-to-point rendezvous and for each transfer (default 120)",
+    )
+    p.add_argument(
+        "--aux-layer-ids", type=_aux_ids, help="three layer ids, e.g. '1,15,28' (default [1, L//2-1, L-4])"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bfloat16 on CUDA, float32 on CPU",
+    )
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--auth-token-file", type=Path, help="require 'Authorization: Bearer <token>' from this file")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger requests get 413")
-    p.add_argument("--session-ttl", type=float, default=3600.0,
-                   help="end client sessions idle this many seconds (0: never; default 3600)")  # fmt: skip
-    p.add_argument("--exit-on-disconnect", action="store_true", help="NeMo's behaviour: exit after any /disconnect")
+    p.add_argument(
+        "--auth-token-file", type=Path, help="require 'Authorization: Bearer <token>' from this file"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger requests get 413"
+    )
+    p.add_argument(
+        "--session-ttl",
+        type=float,
+        default=3600.0,
+        help="end client sessions idle this many seconds (0: never; default 3600)",
+    )
+    p.add_argument(
+        "--exit-on-disconnect", action="store_true", help="NeMo's behaviour: exit after any /disconnect"
+    )
     p.add_argument("--forward-delay", type=float, default=0.0, help="synthetic engine: seconds per forward")
 
 
@@ -76,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
         p2p=not args.disable_p2p,
         p2p_timeout=args.p2p_timeout,
     )
-    log.info("engine %s, model %s, device %s, dtype %s", args.engine, args.model or "embedded-tiny-llama",
-             args.device, args.dtype)  # fmt: skip
+    log.info(
+        "engine %s, model %s, device %s, dtype %s",
+        args.engine,
+        args.model or "embedded-tiny-llama",
+        args.device,
+        args.dtype,
+    )
     return run_server(TargetServer(build_loader(args), options), args.host, args.port)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -41,7 +41,7 @@ class PortRange:
     end: int  # inclusive
 
     @classmethod
-    def parse(cls, text: str) -> "PortRange":
+    def parse(cls, text: str) -> PortRange:
         first, sep, last = text.partition("-")
         try:
             ports = cls(int(first), int(last if sep else first))
@@ -83,7 +83,9 @@ class SessionGroup:
 class Transfer:
     """One /generate answered over the group: send() after the HTTP response is flushed."""
 
-    def __init__(self, plane: "DataPlane", session: Session, sg: SessionGroup, group: PeerGroup, seq: Optional[int]):
+    def __init__(
+        self, plane: DataPlane, session: Session, sg: SessionGroup, group: PeerGroup, seq: int | None
+    ):
         self.plane, self.session, self.sg, self.group = plane, session, sg, group
         self.seq = seq  # the client's sequence number, None for a NeMo client (sends no header)
 
@@ -93,7 +95,7 @@ class Transfer:
             headers[spec.SEQUENCE_HEADER] = str(self.seq)
         return headers
 
-    async def send(self, tensors: Mapping[str, Optional[torch.Tensor]]) -> int:
+    async def send(self, tensors: Mapping[str, torch.Tensor | None]) -> int:
         """Send ``tensors`` in order; return the bytes sent. TransferError leaves the session on the wire."""
         loop = asyncio.get_running_loop()
         try:
@@ -112,13 +114,13 @@ class Transfer:
 class DataPlane:
     def __init__(
         self,
-        ports: Optional[PortRange],
+        ports: PortRange | None,
         *,
         enabled: bool = True,
-        preferred_port: Optional[int] = None,
+        preferred_port: int | None = None,
         rendezvous_timeout: float = 120.0,
         transfer_timeout: float = 120.0,
-        registry: Optional[CollectorRegistry] = None,
+        registry: CollectorRegistry | None = None,
     ):
         self.ports = ports
         self.enabled = enabled
@@ -129,17 +131,24 @@ class DataPlane:
         self.groups: dict[str, SessionGroup] = {}  # session id -> its group
         # Per group at most one rendezvous or transfer, plus aborts.
         self.executor = ThreadPoolExecutor(2 * self.max_groups + 2, thread_name_prefix="p2p")
-        self.active = Gauge("eagle3_target_p2p_groups", "Point-to-point groups held for sessions", registry=registry)
+        self.active = Gauge(
+            "eagle3_target_p2p_groups", "Point-to-point groups held for sessions", registry=registry
+        )
         self.teardowns = Counter(
-            "eagle3_target_p2p_teardowns_total", "Point-to-point groups torn down, by reason", ["reason"],
+            "eagle3_target_p2p_teardowns_total",
+            "Point-to-point groups torn down, by reason",
+            ["reason"],
             registry=registry,
-        )  # fmt: skip
+        )
 
     def info(self, device: str) -> dict[str, Any]:
         """What model_info advertises (a NeMo client ignores it)."""
         if not self.enabled:
             return {"backend": None}
-        return {"backend": backend_for(device), "port_range": [self.ports.start, self.ports.end] if self.ports else None}
+        return {
+            "backend": backend_for(device),
+            "port_range": [self.ports.start, self.ports.end] if self.ports else None,
+        }
 
     # -- /init_nccl ------------------------------------------------------------------------
 
@@ -153,8 +162,13 @@ class DataPlane:
             return {"status": "disabled"}
         backend = backend_for(device)
         if asked != backend:
-            log.info("session %s: /init_nccl refused: asked for %s, tensors on %s need %s", session.id, asked,
-                     device, backend)  # fmt: skip
+            log.info(
+                "session %s: /init_nccl refused: asked for %s, tensors on %s need %s",
+                session.id,
+                asked,
+                device,
+                backend,
+            )
             return {"status": "disabled"}
         self.teardown(session, "reinitialised")  # a second init means the client built a fresh transport
         if len(self.groups) >= self.max_groups:
@@ -165,18 +179,26 @@ class DataPlane:
             return {"status": "failed", "detail": f"cannot listen on {address}:{port or self.ports}: {exc}"}
         port = sock.getsockname()[1]
         loop = asyncio.get_running_loop()
-        build = loop.run_in_executor(self.executor, PeerGroup.host, sock, backend, self.rendezvous_timeout, device)
+        build = loop.run_in_executor(
+            self.executor, PeerGroup.host, sock, backend, self.rendezvous_timeout, device
+        )
         sg = self.groups[session.id] = SessionGroup(port, address, backend, build)
         session.resources[RESOURCE] = sg
         self.active.set(len(self.groups))
         build.add_done_callback(lambda f: self._built(session, sg, f))
-        log.info("session %s: %s group %s listening on %s:%d", session.id, backend, group_name(port), address, port)
-        reply = {"status": "ok", "nccl_port": port, "backend": backend, "group_name": group_name(port),
-                 "host": address}  # fmt: skip
-        if named:
-            # NeMo's client joins while this request is open: answer once the rendezvous is over.
-            if await self._ready(sg) is None:
-                return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
+        log.info(
+            "session %s: %s group %s listening on %s:%d", session.id, backend, group_name(port), address, port
+        )
+        reply = {
+            "status": "ok",
+            "nccl_port": port,
+            "backend": backend,
+            "group_name": group_name(port),
+            "host": address,
+        }
+        # NeMo's client joins while this request is open: answer once the rendezvous is over.
+        if named and await self._ready(sg) is None:
+            return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
         return reply
 
     def _allocate(self, address: str):
@@ -201,7 +223,7 @@ class DataPlane:
             if self.groups.get(session.id) is sg:
                 self.teardown(session, "rendezvous_failed")
 
-    async def _ready(self, sg: SessionGroup) -> Optional[PeerGroup]:
+    async def _ready(self, sg: SessionGroup) -> PeerGroup | None:
         try:  # the build is bounded by the rendezvous timeout itself; once it fails, its port is free
             group = await asyncio.shield(sg.build)
         except (TransferError, RuntimeError):
@@ -229,7 +251,9 @@ class DataPlane:
                 self.teardown(session, "rendezvous_failed")
                 yield None
             elif seq is not None and seq != sg.next_seq:
-                log.warning("session %s: client expects transfer %d, next is %d", session.id, seq, sg.next_seq)
+                log.warning(
+                    "session %s: client expects transfer %d, next is %d", session.id, seq, sg.next_seq
+                )
                 self.teardown(session, "sequence_mismatch")
                 yield None
             else:
@@ -255,7 +279,7 @@ class DataPlane:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _parse_init(body: bytes) -> tuple[Optional[int], str]:
+def _parse_init(body: bytes) -> tuple[int | None, str]:
     """(port or None, backend asked for) from an /init_nccl body, parsed as JSON whatever its content type."""
     try:
         doc = json.loads(body or b"{}")
@@ -272,7 +296,7 @@ def _parse_init(body: bytes) -> tuple[Optional[int], str]:
     return port, backend
 
 
-def _parse_seq(value: Optional[str]) -> Optional[int]:
+def _parse_seq(value: str | None) -> int | None:
     if value is None:
         return None
     try:

@@ -19,7 +19,10 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
-            "eagle3_target_requests_total", "HTTP requests by endpoint and status code", ["endpoint", "code"], registry=r
+            "eagle3_target_requests_total",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "code"],
+            registry=r,
         )
         self.request_seconds = Histogram(
             "eagle3_target_request_duration_seconds",
@@ -35,14 +38,20 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.tokens = Counter("eagle3_target_tokens_total", "Tokens run through the target by /generate", registry=r)
+        self.tokens = Counter(
+            "eagle3_target_tokens_total", "Tokens run through the target by /generate", registry=r
+        )
         self.sent_bytes = Counter(
             "eagle3_target_sent_bytes_total", "Supervision bytes sent, by data path", ["path"], registry=r
         )
         self.in_flight = Gauge("eagle3_target_requests_in_flight", "Requests being handled now", registry=r)
-        self.sessions = Gauge("eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r)
+        self.sessions = Gauge(
+            "eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r
+        )
         self.heartbeat_timestamp = Gauge(
-            "eagle3_target_heartbeat_timestamp_seconds", "Unix time of the last heartbeat from any client", registry=r
+            "eagle3_target_heartbeat_timestamp_seconds",
+            "Unix time of the last heartbeat from any client",
+            registry=r,
         )
         self.model_load_seconds = Gauge(
             "eagle3_target_model_load_seconds", "Time to load and warm the target model", registry=r
@@ -50,7 +59,9 @@ class ServerMetrics:
         self.ready = Gauge("eagle3_target_ready", "1 once the model is loaded and warmed, else 0", registry=r)
         self.build = Info("eagle3_target_build", "Versions this server runs", registry=r)
         self.model = Info("eagle3_target_model", "The target model this server serves", registry=r)
-        self.build.info({"version": __version__, "torch": torch.__version__, "python": platform.python_version()})
+        self.build.info(
+            {"version": __version__, "torch": torch.__version__, "python": platform.python_version()}
+        )
         for path in ("wire", "nccl"):
             self.sent_bytes.labels(path)  # export both series at 0 so rate() works from the start
         for phase in GENERATE_PHASES:

@@ -40,16 +40,22 @@ def parse_generate(body: bytearray, vocab_size: int) -> dict[str, torch.Tensor]:
         _expect_dtype(name, tensor, torch.int64)
     shape = tensors["input_ids"].shape
     if len(shape) != 2 or 0 in shape:
-        raise RequestError(400, "bad_shape", f"input_ids must be a non-empty [B, S] matrix, got {list(shape)}")
+        raise RequestError(
+            400, "bad_shape", f"input_ids must be a non-empty [B, S] matrix, got {list(shape)}"
+        )
     for name in ("attention_mask", "loss_mask"):
         if tensors[name].shape != shape:
             raise RequestError(
-                400, "shape_mismatch", f"{name} has shape {list(tensors[name].shape)}, input_ids has {list(shape)}"
+                400,
+                "shape_mismatch",
+                f"{name} has shape {list(tensors[name].shape)}, input_ids has {list(shape)}",
             )
     ids = tensors["input_ids"]
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
-        raise RequestError(422, "token_out_of_range", f"input_ids span [{low}, {high}], vocab is [0, {vocab_size})")
+        raise RequestError(
+            422, "token_out_of_range", f"input_ids span [{low}, {high}], vocab is [0, {vocab_size})"
+        )
     return tensors
 
 
@@ -60,10 +66,14 @@ def parse_vocab_mapping(body: bytearray, vocab_size: int, device: str) -> VocabM
     _expect_dtype("selected_token_ids", ids, torch.int64)
     _expect_dtype("selected_token_mask", mask, torch.bool)
     if ids.dim() != 1 or ids.numel() == 0:
-        raise RequestError(400, "bad_shape", f"selected_token_ids must be a non-empty vector, got {list(ids.shape)}")
+        raise RequestError(
+            400, "bad_shape", f"selected_token_ids must be a non-empty vector, got {list(ids.shape)}"
+        )
     if mask.dim() != 1 or mask.numel() != vocab_size:
         raise RequestError(
-            422, "bad_mask_length", f"selected_token_mask must have shape [{vocab_size}], got {list(mask.shape)}"
+            422,
+            "bad_mask_length",
+            f"selected_token_mask must have shape [{vocab_size}], got {list(mask.shape)}",
         )
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:

@@ -16,15 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from eagle3_target.protocol.supervision import VocabMapping
-
 
 PEER_PREFIX = "peer:"
 
 
-def session_id(header: Optional[str], peer: Optional[str]) -> str:
+def session_id(header: str | None, peer: str | None) -> str:
     return header or f"{PEER_PREFIX}{peer}"
 
 
@@ -32,7 +31,7 @@ def session_id(header: Optional[str], peer: Optional[str]) -> str:
 class Session:
     id: str
     last_seen: float
-    vocab: Optional[VocabMapping] = None
+    vocab: VocabMapping | None = None
     resources: dict[str, Any] = field(default_factory=dict)  # per-session state owned by other modules
 
 

@@ -39,7 +39,7 @@ class RunnerInfo:
     config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> "RunnerInfo":
+    def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
         ids = default_aux_layer_ids(num_hidden_layers) if aux_layer_ids is None else aux_layer_ids
         return cls(
             num_hidden_layers=num_hidden_layers,
@@ -71,7 +71,9 @@ class TargetRunner(Protocol):
 
     info: RunnerInfo
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device."""
         ...
 

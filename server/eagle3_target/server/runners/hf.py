@@ -25,7 +25,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
                 break
         if isinstance(module, nn.ModuleList):
             return module
-    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (looked at {', '.join(_LAYER_PATHS)})")
+    raise ValueError(
+        f"cannot find the decoder layers of {type(model).__name__} (looked at {', '.join(_LAYER_PATHS)})"
+    )
 
 
 class HFRunner:
@@ -43,7 +45,11 @@ class HFRunner:
             aux_layer_ids=aux_layer_ids,
             dtype=param.dtype,
             device=str(param.device),
-            config={k: v for k, v in config.to_diff_dict().items() if k not in ("_name_or_path", "torch_dtype", "dtype")},
+            config={
+                k: v
+                for k, v in config.to_diff_dict().items()
+                if k not in ("_name_or_path", "torch_dtype", "dtype")
+            },
         )
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = [layers[i].register_forward_hook(self._capture(i)) for i in self.info.aux_layer_ids]
@@ -63,7 +69,7 @@ class HFRunner:
         device: str = "cpu",
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
-    ) -> "HFRunner":
+    ) -> HFRunner:
         """Load from a local directory or hub id; with no model, build the embedded tiny Llama."""
         torch_dtype = resolve_dtype(dtype, device)
         if model is None:
@@ -81,7 +87,9 @@ class HFRunner:
         return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self._captured.clear()
         try:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits

@@ -62,26 +62,13 @@ def check_requirements(device: str) -> None:
 
 def import_sglang() -> SimpleNamespace:
     """The SGLang names this runner uses, in one place (tests put a fake SGLang in sys.modules)."""
-    from sglang.bench_one_batch import TreeCacheNamespace
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed.parallel_state import cleanup_dist_env_and_memory
-    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessorOutput
-    from sglang.srt.layers.moe import initialize_moe_config
-    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
-    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-    from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import ServerArgs
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.utils import get_free_port
 
     return SimpleNamespace(**locals())
 
 
-def build_server_args(sgl, model: str, *, dtype: torch.dtype, gpu_id: int, mem_fraction_static: float,
-                      trust_remote_code: bool):  # fmt: skip
+def build_server_args(
+    sgl, model: str, *, dtype: torch.dtype, gpu_id: int, mem_fraction_static: float, trust_remote_code: bool
+):
     return sgl.ServerArgs(
         model_path=model,
         dtype=sglang_dtype(dtype),
@@ -122,8 +109,10 @@ def build_model_runner(sgl, server_args, gpu_id: int):
 def concat_aux(captured: list[torch.Tensor], aux_layer_ids: list[int]) -> torch.Tensor:
     """SGLang captures in layer order; concatenate in the order the client asked for, as the HF runner does."""
     if len(captured) != len(aux_layer_ids):
-        raise RuntimeError(f"SGLang captured {len(captured)} aux hidden states, expected {len(aux_layer_ids)}")
-    by_layer = dict(zip(sorted(aux_layer_ids), captured))
+        raise RuntimeError(
+            f"SGLang captured {len(captured)} aux hidden states, expected {len(aux_layer_ids)}"
+        )
+    by_layer = dict(zip(sorted(aux_layer_ids), captured, strict=False))
     return torch.cat([by_layer[i] for i in aux_layer_ids], dim=-1)
 
 
@@ -149,11 +138,15 @@ class AllPositionsHead(nn.Module):
 
 def install_head(sgl, model: nn.Module, aux_layer_ids: list[int], num_hidden_layers: int) -> None:
     if not hasattr(model, "set_eagle3_layers_to_capture"):
-        raise ValueError(f"SGLang's {type(model).__name__} cannot capture EAGLE-3 aux hidden states; use --engine hf")
+        raise ValueError(
+            f"SGLang's {type(model).__name__} cannot capture EAGLE-3 aux hidden states; use --engine hf"
+        )
     if max(aux_layer_ids) >= num_hidden_layers - 1:
         # SGLang captures a layer's output at the next layer's input: the last layer has none.
-        raise ValueError(f"the sglang engine cannot capture the last layer ({num_hidden_layers - 1}); "
-                         f"choose aux layer ids below it, got {aux_layer_ids}")  # fmt: skip
+        raise ValueError(
+            f"the sglang engine cannot capture the last layer ({num_hidden_layers - 1}); "
+            f"choose aux layer ids below it, got {aux_layer_ids}"
+        )
     model.logits_processor = AllPositionsHead(model.logits_processor, sgl, aux_layer_ids)
     model.set_eagle3_layers_to_capture(list(aux_layer_ids))
 
@@ -165,7 +158,9 @@ def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
     prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
     if not torch.equal(mask, prefix):
         raise RequestError(
-            400, "unsupported_padding", "the sglang engine needs right-padded rows: each mask row is ones, then zeros"
+            400,
+            "unsupported_padding",
+            "the sglang engine needs right-padded rows: each mask row is ones, then zeros",
         )
     return lengths
 
@@ -190,8 +185,9 @@ def extend_batch(sgl, runner, rows: list[list[int]]):
         req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
         reqs.append(req)
     allocator = runner.token_to_kv_pool_allocator
-    cache = sgl.TreeCacheNamespace(page_size=runner.server_args.page_size, device=runner.device,
-                                   token_to_kv_pool_allocator=allocator)  # fmt: skip
+    cache = sgl.TreeCacheNamespace(
+        page_size=runner.server_args.page_size, device=runner.device, token_to_kv_pool_allocator=allocator
+    )
     batch = sgl.ScheduleBatch.init_new(
         reqs=reqs,
         req_to_token_pool=runner.req_to_token_pool,
@@ -213,7 +209,9 @@ def check_capacity(runner, lengths: list[int]) -> None:
     )
     for what, asked, limit in limits:
         if asked > limit:
-            raise RequestError(413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}")
+            raise RequestError(
+                413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}"
+            )
 
 
 def embedding_weight(model: nn.Module) -> torch.Tensor:
@@ -237,8 +235,11 @@ class SGLangRunner:
             aux_layer_ids=aux_layer_ids,
             dtype=dtype,
             device=str(embedding_weight(model).device),
-            config={k: v for k, v in config.hf_config.to_diff_dict().items()
-                    if k not in ("_name_or_path", "torch_dtype", "dtype")},  # fmt: skip
+            config={
+                k: v
+                for k, v in config.hf_config.to_diff_dict().items()
+                if k not in ("_name_or_path", "torch_dtype", "dtype")
+            },
         )
         install_head(sgl, model, self.info.aux_layer_ids, self.info.num_hidden_layers)
 
@@ -252,22 +253,29 @@ class SGLangRunner:
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
         mem_fraction_static: float = 0.5,
-    ) -> "SGLangRunner":
+    ) -> SGLangRunner:
         check_requirements(device)
         if model is None:
             raise ValueError("the sglang engine needs --model (a local directory or hub id)")
         torch_dtype = resolve_dtype(dtype, device)
         gpu_id = torch.device(device).index or 0
         sgl = import_sglang()
-        server_args = build_server_args(sgl, model, dtype=torch_dtype, gpu_id=gpu_id,
-                                        mem_fraction_static=mem_fraction_static,
-                                        trust_remote_code=trust_remote_code)  # fmt: skip
+        server_args = build_server_args(
+            sgl,
+            model,
+            dtype=torch_dtype,
+            gpu_id=gpu_id,
+            mem_fraction_static=mem_fraction_static,
+            trust_remote_code=trust_remote_code,
+        )
         model_runner = build_model_runner(sgl, server_args, gpu_id)
         log.info("loaded %s with SGLang (%s) on cuda:%d", model, torch_dtype, gpu_id)
         return cls(sgl, model_runner, name=model, aux_layer_ids=aux_layer_ids, dtype=torch_dtype)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mask = attention_mask.bool()
         lengths = [n for n in row_lengths(mask).tolist() if n]
         tokens = input_ids[mask].tolist()  # one device-to-host copy, rows back to back
@@ -276,7 +284,9 @@ class SGLangRunner:
         if not rows:
             shape, device = input_ids.shape, input_ids.device
             logits = torch.zeros(*shape, self.info.vocab_size, device=device)
-            return logits, torch.zeros(*shape, 3 * self.info.hidden_size, dtype=self.info.dtype, device=device)
+            return logits, torch.zeros(
+                *shape, 3 * self.info.hidden_size, dtype=self.info.dtype, device=device
+            )
         runner = self.model_runner
         check_capacity(runner, lengths)
         try:

@@ -37,20 +37,30 @@ class SyntheticRunner:
             aux_layer_ids=aux_layer_ids,
             dtype=torch_dtype,
             device=device,
-            config={"hidden_size": hidden_size, "vocab_size": vocab_size, "num_hidden_layers": num_hidden_layers},
+            config={
+                "hidden_size": hidden_size,
+                "vocab_size": vocab_size,
+                "num_hidden_layers": num_hidden_layers,
+            },
         )
         self.forward_delay = forward_delay
         # Row r of each table is the output for any token id congruent to r: a forward is one gather.
-        self._logits_table = ((torch.arange(101, device=device)[:, None] * 31 + torch.arange(vocab_size, device=device))
-                              % 101).to(torch_dtype)  # fmt: skip
-        self._aux_table = ((torch.arange(89, device=device)[:, None] + torch.arange(3 * hidden_size, device=device))
-                           % 89).to(torch_dtype)  # fmt: skip
-        self._embeddings = (torch.arange(vocab_size * hidden_size, device=device) % 97).view(
-            vocab_size, hidden_size
+        self._logits_table = (
+            (torch.arange(101, device=device)[:, None] * 31 + torch.arange(vocab_size, device=device)) % 101
         ).to(torch_dtype)
+        self._aux_table = (
+            (torch.arange(89, device=device)[:, None] + torch.arange(3 * hidden_size, device=device)) % 89
+        ).to(torch_dtype)
+        self._embeddings = (
+            (torch.arange(vocab_size * hidden_size, device=device) % 97)
+            .view(vocab_size, hidden_size)
+            .to(torch_dtype)
+        )
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.forward_delay:
             time.sleep(self.forward_delay)
         # logits[b, s, v] = (id * 31 + v) % 101 and aux[b, s, j] = (id + j) % 89, looked up by id mod table size.
