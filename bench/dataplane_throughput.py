@@ -24,14 +24,14 @@ from eagle3_target.client.cli_bench import measure
 
 
 def serve(port: int, hidden: int, vocab: int, device: str) -> None:
-    from eagle3_target.server.app import ServerOptions, TargetServer, run_server
+    from eagle3_target.server.app import ServerOptions, TargetServer, listen, run_server
     from eagle3_target.server.dataplane import PortRange
     from eagle3_target.server.runners.synthetic import SyntheticRunner
 
     logging.basicConfig(level=logging.WARNING)
     options = ServerOptions(nccl_port_range=PortRange(port + 100, port + 163))
     loader = lambda: SyntheticRunner(hidden_size=hidden, vocab_size=vocab, dtype="auto", device=device)  # noqa: E731
-    run_server(TargetServer(loader, options), "127.0.0.1", port)
+    run_server(TargetServer(loader, options), listen("127.0.0.1", port))
 
 
 def wait_ready(url: str, timeout: float = 120.0) -> None:

@@ -8,33 +8,47 @@ import importlib
 import logging
 import sys
 
-# command -> module exposing add_arguments(parser) and run(args) -> int
+# command -> (module exposing add_arguments(parser) and run(args) -> int, help, the extra it needs)
 COMMANDS = {
-    "serve": ("eagle3_target.server.cli", "run a target server"),
-    "operator": ("eagle3_target.operator.cli", "run the Eagle3Target operator"),
+    "serve": ("eagle3_target.server.cli", "run a target server", "server"),
+    "operator": ("eagle3_target.operator.cli", "run the Eagle3Target operator", "operator"),
     "probe": (
         "eagle3_target.client.cli_probe",
         "list the target servers a trainer finds, with state and latency",
+        "client",
     ),
-    "bench": ("eagle3_target.client.cli_bench", "measure client throughput with synthetic batches"),
+    "bench": ("eagle3_target.client.cli_bench", "measure client throughput with synthetic batches", "client"),
 }
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def load_command(name: str):
+    """The command's module; a missing dependency is one line naming the extra that installs it."""
+    module, _, extra = COMMANDS[name]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        sys.exit(
+            f"eagle3-target {name}: error: {exc.name} is not installed; pip install 'eagle3-target[{extra}]'"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle3-target", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="default INFO"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if a in COMMANDS), None)
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (_, help_text, _) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name == chosen:  # import only the module of the command being run
-            importlib.import_module(module).add_arguments(sub)
+            load_command(name).add_arguments(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return importlib.import_module(COMMANDS[args.command][0]).run(args)
+    # Logs go to stderr, so a command's stdout (probe --json) stays machine-readable.
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return load_command(args.command).run(args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ import time
 import urllib.request
 
 import pytest
+from transformers import LlamaConfig
+
+from eagle3_target.server.runners.tiny import TINY_LLAMA
 
 
 def free_port() -> int:
@@ -83,16 +86,78 @@ def test_server_keeps_running_after_disconnect_by_default(tmp_path):
 
 
 def test_unloadable_model_exits_non_zero(tmp_path):
-    proc = start("--port", str(free_port()), "--model", str(tmp_path / "missing"))
+    LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path)  # a config passes the checks; no weights to load
+    proc = start("--port", str(free_port()), "--model", str(tmp_path))
     assert proc.wait(timeout=120) == 1
     assert "loading the target model failed" in proc.stderr.read().decode()
 
 
+def refused(*args: str) -> str:
+    """Run serve with ``args``; it must exit 2 at once with one error line and no traceback."""
+    proc = start("--port", str(free_port()), *args)
+    assert proc.wait(timeout=60) == 2
+    err = proc.stderr.read().decode()
+    assert "Traceback" not in err and "listening on" not in err and "loaded" not in err, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def six_layer_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("six-layers")
+    LlamaConfig(**{**TINY_LLAMA, "num_hidden_layers": 6}).save_pretrained(path)
+    return str(path)
+
+
 @pytest.mark.parametrize(
     "args, message",
-    [(["--aux-layer-ids", "1,2"], "three layer ids"), (["--engine", "vllm"], "invalid choice")],
+    [
+        (["--aux-layer-ids", "1,2"], "three layer ids"),
+        (["--aux-layer-ids", "1,2,99"], "[99] out of range for a model with 8 layers"),
+        (["--aux-layer-ids", "1,1,2"], "three distinct layer ids"),
+        (["--model", "/no/such/model"], "--model /no/such/model: no such directory"),
+        (["--model", "./relative-missing"], "no such directory"),
+        (["--device", "cuda:0"], "has no usable CUDA; use --device cpu"),
+        (["--device", "tpu-ish"], "is not a torch device"),
+        (["--engine", "sglang"], "pip install 'eagle3-target[server,sglang]'"),
+        (["--engine", "vllm"], "invalid choice"),
+    ],
 )
-def test_bad_arguments_are_refused(args, message):
-    proc = start("--port", "1", *args)
-    assert proc.wait(timeout=30) == 2
-    assert message in proc.stderr.read().decode()
+def test_bad_arguments_are_one_line_before_loading(args, message):
+    assert message in refused(*args)
+
+
+def test_colliding_default_aux_layers_name_the_flag(six_layer_model):
+    line = refused("--model", six_layer_model)
+    assert "default aux layers [1, 2, 2]" in line and "set --aux-layer-ids" in line
+
+
+def test_a_taken_port_is_reported_first():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = start("--port", str(port), "--model", "/no/such/model")
+        assert proc.wait(timeout=60) == 2
+        err = proc.stderr.read().decode()
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err and "Traceback" not in err
+
+
+def test_unknown_log_level_is_refused():
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_target.cli", "--log-level", "chatty", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "invalid choice: 'CHATTY'" in proc.stderr
+
+
+def test_a_missing_extra_names_the_install_command():
+    code = "import sys; sys.modules['aiohttp'] = None; from eagle3_target.cli import main; main(['serve'])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "eagle3-target serve: error: aiohttp is not installed; pip install 'eagle3-target[server]'"
+    )

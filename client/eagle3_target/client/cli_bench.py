@@ -23,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, help="draft vocabulary size (default: the full target vocab)")
     p.add_argument("--batches", type=int, default=50, help="timed batches (default 50)")
     p.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
-    p.add_argument("--depth", type=int, help="requests in flight (default: one per healthy server)")
+    p.add_argument(
+        "--depth", type=int, help="requests in flight (default and cap: healthy servers x --max-in-flight)"
+    )
     p.add_argument("--max-in-flight", type=int, default=1, help="requests per server (default 1)")
     p.add_argument(
         "--settle-timeout",

@@ -1,5 +1,6 @@
 """The few writes the operator makes to its children, through kr8s (async, plain dicts): create-or-patch for
-Services and ConfigMaps, create and delete for pods; conflicts and vanished objects are not errors here."""
+Services and ConfigMaps, create and delete for pods. A create that finds the object already there (409) and
+a delete that finds it gone (404) are reported, not raised; any other API error is raised to the handler."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import torch
 
 from .wire import CODE_TO_DTYPE, DTYPE_TO_CODE, WireError
 
-# Endpoints (paths are "/" + name). Only health is a GET.
+# Endpoints (paths are "/" + name). NeMo's are POSTs but health; our livez, readyz and metrics are GETs.
 HEALTH = "health"
 HEARTBEAT = "heartbeat"
 MODEL_INFO = "model_info"

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -391,15 +392,21 @@ def _compute(
     return supervision
 
 
-def run_server(server: TargetServer, host: str, port: int) -> int:
-    """Serve until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load; return the exit code."""
+def listen(host: str, port: int) -> socket.socket:
+    """The bound listening socket (IPv6 when the host is an IPv6 literal); raises OSError if taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+def run_server(server: TargetServer, sock: socket.socket) -> int:
+    """Serve on ``sock`` until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load."""
 
     async def main() -> int:
         runner = web.AppRunner(server.app(), handle_signals=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.SockSite(runner, sock)
         await site.start()
-        log.info("listening on http://%s:%d (model loading in the background)", host, port)
+        log.info("listening on %s (model loading in the background)", site.name)
         try:
             await server.stopped.wait()
         finally:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import sys
 from pathlib import Path
 
-from .app import DEFAULT_MAX_BODY_BYTES, ServerOptions, TargetServer, run_server
+from . import preflight
+from .app import DEFAULT_MAX_BODY_BYTES, ServerOptions, TargetServer, listen, run_server
 from .dataplane import PortRange
 
 log = logging.getLogger(__name__)
@@ -94,7 +96,34 @@ def build_loader(args: argparse.Namespace):
     return functools.partial(load_runner, args.engine, **options)
 
 
+def check(args: argparse.Namespace) -> None:
+    """Everything that can be known wrong before the load; raises preflight.UsageError."""
+    preflight.check_engine(args.engine)
+    preflight.check_device(args.device)
+    if args.engine == "synthetic":
+        preflight.check_aux_layer_ids(args.aux_layer_ids, 32)  # the synthetic runner's layer count
+        return
+    preflight.check_model(args.model)
+    preflight.check_aux_layer_ids(
+        args.aux_layer_ids, preflight.num_hidden_layers(args.model, args.trust_remote_code)
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        sock = listen(args.host, args.port)  # first: a taken port is the quickest thing to report
+    except OSError as exc:
+        print(
+            f"eagle3-target serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        check(args)
+    except preflight.UsageError as exc:
+        sock.close()
+        print(f"eagle3-target serve: error: {exc}", file=sys.stderr)
+        return 2
     token = args.auth_token_file.read_text().strip() if args.auth_token_file else None
     options = ServerOptions(
         max_body_bytes=args.max_body_bytes,
@@ -113,4 +142,4 @@ def run(args: argparse.Namespace) -> int:
         args.device,
         args.dtype,
     )
-    return run_server(TargetServer(build_loader(args), options), args.host, args.port)
+    return run_server(TargetServer(build_loader(args), options), sock)

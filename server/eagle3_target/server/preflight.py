@@ -1,0 +1,92 @@
+"""What `eagle3-target serve` checks before it loads a model: each failure is one line for the user.
+
+A bad flag found after a multi-minute model load (or as a traceback in the load thread) costs a GPU
+pod a restart loop; these checks take a second and name the flag to fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from eagle3_target.protocol.spec import default_aux_layer_ids, validate_aux_layer_ids
+
+# engine -> (module it needs, the extra that installs it)
+ENGINE_PACKAGES = {"sglang": ("sglang", "sglang"), "vllm": ("vllm", "vllm")}
+
+
+class UsageError(Exception):
+    """A flag or environment that cannot work; the message says which and what to do."""
+
+
+def check_engine(engine: str) -> None:
+    module, extra = ENGINE_PACKAGES.get(engine, (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError(
+            f"--engine {engine} needs {module}, which is not installed: "
+            f"pip install 'eagle3-target[server,{extra}]' (see docs/{extra}.md)"
+        )
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device!r} is not a torch device (e.g. cpu, cuda:0)") from None
+    if parsed.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {device}: this torch ({torch.__version__}) has no usable CUDA; "
+            "use --device cpu or install a CUDA build of torch"
+        )
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+
+
+def check_model(model: str | None) -> None:
+    """A path that does not exist is an error here, not a hub lookup that fails with a repo-id message."""
+    if model is None or Path(model).is_dir():
+        return
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    looks_like_path = model.startswith(("/", "./", "../", "~")) or Path(model).exists()
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        looks_like_path = True
+    if looks_like_path:
+        raise UsageError(f"--model {model}: no such directory (give a local model directory or a hub id)")
+
+
+def num_hidden_layers(model: str | None, trust_remote_code: bool) -> int:
+    """The layer count from the model's config alone: a few kB, never the weights."""
+    if model is None:
+        from .runners.tiny import TINY_LLAMA
+
+        return TINY_LLAMA["num_hidden_layers"]
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--model {model}: cannot read its config: {first_line}") from None
+    return config.get_text_config().num_hidden_layers
+
+
+def check_aux_layer_ids(ids: list[int] | None, layers: int) -> None:
+    if ids is None:
+        ids = default_aux_layer_ids(layers)
+        if len(set(ids)) != 3 or min(ids) < 0:
+            raise UsageError(
+                f"the model has {layers} layers, so the default aux layers {ids} are not three distinct "
+                f"layers: set --aux-layer-ids to three distinct ids in 0..{layers - 1}"
+            )
+        return
+    try:
+        validate_aux_layer_ids(ids, layers)
+    except ValueError as exc:
+        raise UsageError(f"--aux-layer-ids: {exc}") from None
