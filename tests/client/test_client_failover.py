@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 import pytest
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
@@ -34,3 +37,37 @@ def test_killing_a_server_mid_run_loses_and_duplicates_nothing(spawn_server):
         assert backend.pool.failovers >= 1  # the killed server held a batch, which went elsewhere
         assert backend.healthy_servers == 2
         assert servers[1].url in backend.pool.describe_members()  # still listed: quarantined, re-probed
+
+
+def test_a_silent_server_costs_a_batch_the_hedge_threshold_not_the_request_timeout(spawn_server, caplog):
+    """SIGSTOP keeps the server's sockets open and answers nothing, as a wedged GPU or stalled node does."""
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    servers = [spawn_server(host, free_port(host), forward_delay=0.05) for host in hosts]
+    options = PoolOptions(
+        request_timeout=120, start_timeout=60, hedge_after=3.0, backoff_base=0.01, backoff_max=0.5
+    )
+    runner, vocab = SyntheticRunner(dtype="float32"), draft_vocab()
+    with RemoteTargetBackend([s.url for s in servers], options=options) as backend:
+        wait_until(lambda: backend.healthy_servers == 2, timeout=60)
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        inputs = [make_batch(seed) for seed in range(24)]
+        results, gaps, threshold = [], [], None
+        last = time.monotonic()
+        try:
+            for index, got in enumerate(backend.prefetch(inputs, depth=2)):
+                now = time.monotonic()
+                results.append(got)
+                gaps.append(now - last)
+                last = now
+                if index == 5:
+                    threshold = backend.pool.hedge_threshold()
+                    servers[1].process.send_signal(signal.SIGSTOP)  # it holds a batch now (depth 2)
+        finally:
+            servers[1].process.send_signal(signal.SIGCONT)
+        assert len(results) == len(inputs)
+        for got, sent in zip(results, inputs, strict=True):
+            assert_batch_matches(got, expected(runner, vocab, *sent), sent[1])
+        assert backend.pool.hedges >= 1
+        assert max(gaps) < threshold + 5.0, (max(gaps), threshold)  # 120 s (the request timeout) before
+        assert any("has not answered /generate" in r.getMessage() for r in caplog.records)
+        wait_until(lambda: backend.healthy_servers == 2, timeout=60)  # it rejoins once /health answers

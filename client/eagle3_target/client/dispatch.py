@@ -10,6 +10,7 @@ holds, then our session there is ended). REFUSED members serve another model.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -51,6 +52,10 @@ class PoolOptions:
     backoff_base: float = 0.05
     backoff_max: float = 5.0
     data_path: str = "auto"  # "auto": GPU-direct when both sides can; "wire"; "p2p" (gloo too; see p2p.py)
+    # A /generate still unanswered after max(hedge_after, hedge_p99_factor x the observed p99) is re-sent
+    # to another server: a stopped process or wedged GPU keeps its socket open, so only time tells.
+    hedge_after: float = 10.0
+    hedge_p99_factor: float = 5.0
 
     def __post_init__(self):
         if self.data_path not in DATA_PATHS:
@@ -111,6 +116,8 @@ class TargetPool:
         self._resolve_now = asyncio.Event()
         self._turn = 0
         self.failovers = 0  # attempts that failed on one server and moved on
+        self.hedges = 0  # requests re-sent because their server went silent
+        self._generate_seconds: collections.deque[float] = collections.deque(maxlen=1000)
         self._tasks: set[asyncio.Task] = set()
         self._http: aiohttp.ClientSession | None = None
 
@@ -198,7 +205,7 @@ class TargetPool:
     # -- the calls callers make ------------------------------------------------------------
 
     async def generate(self, request: bytes):
-        return await self.with_failover(lambda conn: conn.generate(request), what="/generate")
+        return await self.with_failover(lambda conn: conn.generate(request), what="/generate", hedge=True)
 
     async def input_embeddings(self):
         return await self.with_failover(lambda conn: conn.input_embeddings(), what="/input_embeddings")
@@ -216,40 +223,112 @@ class TargetPool:
             if isinstance(result, BaseException):
                 self._quarantine(member, result)  # it gets the mapping when it rejoins
 
-    async def with_failover(self, call: Callable[[ServerConnection], Awaitable[T]], what: str) -> T:
+    async def with_failover(
+        self, call: Callable[[ServerConnection], Awaitable[T]], what: str, hedge: bool = False
+    ) -> T:
         """Run ``call`` on one healthy server; on a transient failure quarantine it and try another,
-        with jittered exponential backoff, until the deadline. 4xx answers are raised at once."""
+        with jittered exponential backoff, until the deadline. 4xx answers are raised at once.
+
+        With ``hedge``, a server that stays silent past ``hedge_threshold()`` is quarantined (it rejoins
+        once /health answers) and the call is also started on another server; the first complete answer
+        wins and the other attempt is cancelled, so the caller still gets exactly one result."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.deadline
         tried: list[str] = []
         attempt = 0
-        while True:
-            member = await self._acquire(deadline)
-            if member is None:
-                raise BatchFailedError(
-                    f"{what} found no server within {self.options.deadline:.0f}s; tried: "
-                    + ("; ".join(tried) or "none")
-                    + f". Servers now: {self.describe_members()}"
+        running: dict[asyncio.Task, Member] = {}
+        try:
+            while True:
+                if not running:
+                    member = await self._acquire(deadline)
+                    if member is None:
+                        raise BatchFailedError(
+                            f"{what} found no server within {self.options.deadline:.0f}s; tried: "
+                            + ("; ".join(tried) or "none")
+                            + f". Servers now: {self.describe_members()}"
+                        )
+                    running[self._attempt(call, member, timed=hedge)] = member
+                wait = deadline - loop.time()
+                if hedge:
+                    wait = min(wait, self.hedge_threshold())
+                done, _ = await asyncio.wait(
+                    running, timeout=max(0.0, wait), return_when=asyncio.FIRST_COMPLETED
                 )
+                if not done:
+                    if loop.time() >= deadline:
+                        raise BatchFailedError(
+                            f"{what} got no answer within {self.options.deadline:.0f}s from "
+                            + ", ".join(m.url for m in running.values())
+                        )
+                    self._hedge(running, call, what)
+                    continue
+                for task in done:
+                    member = running.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        return task.result()
+                    if isinstance(error, ServerError) and not error.retryable:
+                        raise error
+                    if not isinstance(error, (ServerError, *TRANSIENT_ERRORS)):
+                        raise error
+                    if not isinstance(error, ServerError):
+                        self._resolve_now.set()  # the server may be gone: ask DNS again soon
+                    tried.append(f"{member.url}: {_short(error)}")
+                    self.failovers += 1
+                    self._quarantine(member, error)
+                if not running:
+                    delay = min(self.options.backoff_max, self.options.backoff_base * 2**attempt)
+                    attempt += 1
+                    await asyncio.sleep(
+                        max(0.0, min(delay * random.uniform(0.5, 1.0), deadline - loop.time()))
+                    )
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def hedge_threshold(self) -> float:
+        """max(hedge_after, factor x p99 of recent /generate times): never below the floor, and a slow
+        model (long sequences, a big target) raises it instead of being hedged all the time."""
+        samples = sorted(self._generate_seconds)
+        p99 = samples[int(0.99 * (len(samples) - 1))] if samples else 0.0
+        return max(self.options.hedge_after, self.options.hedge_p99_factor * p99)
+
+    def _attempt(self, call: Callable[[ServerConnection], Awaitable[T]], member: Member, timed: bool):
+        """``call`` on ``member`` as a task that frees the member's slot however it ends."""
+
+        async def attempt() -> T:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             try:
-                return await call(member.conn)
-            except ServerError as exc:
-                if not exc.retryable:
-                    raise
-                error: BaseException = exc
-            except TRANSIENT_ERRORS as exc:
-                error = exc
-                self._resolve_now.set()  # the server may be gone: ask DNS again soon
+                result = await call(member.conn)
             finally:
                 self._release(member)
-            tried.append(f"{member.url}: {_short(error)}")
-            self.failovers += 1
-            self._quarantine(member, error)
-            delay = min(self.options.backoff_max, self.options.backoff_base * 2**attempt) * random.uniform(
-                0.5, 1.0
-            )
-            attempt += 1
-            await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+            if timed:
+                self._generate_seconds.append(loop.time() - started)
+            return result
+
+        return asyncio.create_task(attempt())
+
+    def _hedge(self, running: dict[asyncio.Task, Member], call, what: str) -> None:
+        """Every server holding this request has been silent past the threshold: mark them unhealthy and
+        start the request on one more free server, if there is one now (else keep waiting)."""
+        threshold = self.hedge_threshold()
+        for member in running.values():
+            if member.state == HEALTHY:
+                log.warning(
+                    "%s has not answered %s for %.1fs; marking it unhealthy until /health answers, "
+                    "re-sending the request to another server",
+                    member.url,
+                    what,
+                    threshold,
+                )
+                self._quarantine(member, TimeoutError(f"silent for {threshold:.1f}s on {what}"))
+        member = self._pick()
+        if member is not None:
+            member.in_flight += 1
+            self.hedges += 1
+            running[self._attempt(call, member, timed=True)] = member
 
     # -- slots -----------------------------------------------------------------------------
 
