@@ -35,7 +35,7 @@ class RunningServer:
 @contextlib.asynccontextmanager
 async def serve(loader, options: ServerOptions | None = None, host: str = "127.0.0.1", wait: bool = True):
     server = TargetServer(loader, options or ServerOptions())
-    runner = web.AppRunner(server.app(), access_log=None)
+    runner = server.app_runner()
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()

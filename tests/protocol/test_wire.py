@@ -116,11 +116,21 @@ def _entry(key: bytes, code: int, shape: list[int], nbytes: int, data: bytes = b
         (wire.MAGIC_BYTES + _entry(b"x", 0, [1 << 40, 1 << 40], 0), "disagrees"),
         (wire.MAGIC_BYTES + _entry(b"x", 4, [4], 32, b"\0" * 8), "truncated"),
         (wire.MAGIC_BYTES + b"\x01\0\0\0x\x00\x00\xff" + b"\0" * 16, "truncated"),  # ndim 255, no room
+        (wire.MAGIC_BYTES + _entry(b"x", 4, [0, 1 << 62, 4], 0), "not a valid"),  # strides overflow
     ],
 )
 def test_hostile_buffers_raise_one_clear_error(blob, message):
     with pytest.raises(WireError, match=message):
         decode(bytearray(blob))
+
+
+def test_max_entries_bounds_the_work_on_a_blob_of_tiny_entries():
+    blob = wire.MAGIC_BYTES + b"".join(
+        struct.pack("<I", 1) + bytes([65 + i % 26]) + b"\x01" for i in range(100)
+    )
+    assert len(decode(bytearray(blob))) == 26
+    with pytest.raises(WireError, match="more than 16 entries"):
+        decode(bytearray(blob), max_entries=16)
 
 
 def test_repeated_keys_keep_the_last():

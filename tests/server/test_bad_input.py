@@ -1,10 +1,15 @@
 """Every malformed request gets a 4xx with {"error", "detail"}, and the server keeps serving."""
 
+import json
+import struct
+
 import pytest
 import torch
+from hostile_support import Case, raw_request
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import wire
+from eagle3_target.server.app import DEFAULT_MAX_BATCH_TOKENS, ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 V = 64
@@ -160,3 +165,74 @@ async def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(
         assert resp.status == 200
         out = wire.decode(bytearray(await resp.read()))
     assert out["target_probs"].shape == (2, 4, 10)
+
+
+def _lying_blob(key: bytes, code: int, shape: list[int], nbytes: int) -> bytes:
+    return (
+        wire.MAGIC_BYTES
+        + struct.pack("<I", len(key))
+        + key
+        + bytes([0, code, len(shape)])
+        + struct.pack(f"<{len(shape)}q", *shape)
+        + struct.pack("<Q", nbytes)
+    )
+
+
+HOSTILE = [
+    # (name, endpoint, headers, body, status, error)
+    (
+        "zero-element tensor with huge dimensions",
+        "generate",
+        {},
+        _lying_blob(b"input_ids", 4, [0, 2**62, 4], 0),
+        400,
+        "bad_wire_blob",
+    ),
+    (
+        "a blob of many tiny entries",
+        "set_vocab_mapping",
+        {},
+        wire.MAGIC_BYTES
+        + b"".join(struct.pack("<I", 2) + b"%02d" % (i % 100) + b"\x01" for i in range(5000)),
+        400,
+        "bad_wire_blob",
+    ),
+    (
+        "gzip that is not gzip",
+        "set_vocab_mapping",
+        {"Content-Encoding": "gzip"},
+        b"garbage",
+        415,
+        "unsupported_content_encoding",
+    ),
+    ("brotli", "generate", {"Content-Encoding": "br"}, b"garbage", 415, "unsupported_content_encoding"),
+    ("deeply nested JSON", "init_nccl", {}, b"[" * 20_000 + b"]" * 20_000, 400, "bad_json"),
+    ("a big /init_nccl body", "init_nccl", {}, b" " * 100_000 + b"{}", 413, "request_entity_too_large"),
+    (
+        "batch x sequence over --max-batch-tokens",
+        "generate",
+        {},
+        generate_body(torch.zeros(2, DEFAULT_MAX_BATCH_TOKENS // 2 + 1, dtype=torch.long)),
+        413,
+        "batch_too_large",
+    ),
+    ("non-UTF-8 Authorization", "heartbeat", {"Authorization": b"Bearer \xff\xfe"}, b"", 401, "unauthorized"),
+]
+
+
+@pytest.mark.parametrize("name, endpoint, headers, body, status, error", HOSTILE, ids=[c[0] for c in HOSTILE])
+async def test_hostile_input_gets_a_json_4xx(name, endpoint, headers, body, status, error):
+    async with serve(lambda: SyntheticRunner(vocab_size=V), ServerOptions(auth_token="t")) as srv:
+        host, port = srv.url.removeprefix("http://").split(":")
+        headers = {"Authorization": b"Bearer t", **headers}
+        case = Case(
+            "POST",
+            f"/{endpoint}",
+            [(k.encode(), v if isinstance(v, bytes) else v.encode()) for k, v in headers.items()],
+            body,
+        )
+        await raw_request(host, int(port), Case("POST", "/set_vocab_mapping", case.headers[:1], good_vocab))
+        reply = await raw_request(host, int(port), case)
+        assert reply.status == status, reply
+        assert json.loads(reply.body)["error"] == error
+        assert (await srv.get("health")).status == 200

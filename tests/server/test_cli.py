@@ -161,3 +161,29 @@ def test_a_missing_extra_names_the_install_command():
     assert proc.stderr.strip() == (
         "eagle3-target serve: error: aiohttp is not installed; pip install 'eagle3-target[server]'"
     )
+
+
+@pytest.mark.parametrize("content", ["", " \n\t\n"])
+def test_an_empty_auth_token_file_is_refused_before_the_model_loads(tmp_path, content):
+    token = tmp_path / "token"
+    token.write_text(content)
+    line = refused("--auth-token-file", str(token))  # the hf engine: refused before its slow load
+    assert str(token) in line and "is empty" in line
+
+
+def test_an_unreadable_auth_token_file_is_refused(tmp_path):
+    line = refused("--auth-token-file", str(tmp_path / "missing"))
+    assert str(tmp_path / "missing") in line and "cannot read it" in line
+
+
+def test_serving_beyond_loopback_without_auth_warns():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "synthetic", "--host", "0.0.0.0"]
+    proc = subprocess.Popen([*cmd, "--port", str(free_port())], stderr=subprocess.PIPE, env=env)
+    try:
+        lines = iter(proc.stderr.readline, b"")
+        warning = next(line for line in lines if b"WARNING" in line or b"listening" in line)
+        assert b"without --auth-token-file" in warning
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

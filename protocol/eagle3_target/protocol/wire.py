@@ -139,11 +139,14 @@ class _Reader:
         return _U64.unpack(self.take(8, what))[0]
 
 
-def decode(buf: bytes | bytearray | memoryview) -> dict[str, torch.Tensor | None]:
+def decode(
+    buf: bytes | bytearray | memoryview, max_entries: int | None = None
+) -> dict[str, torch.Tensor | None]:
     """Decode a wire blob into tensors that view ``buf`` (zero-copy).
 
     Pass a writable buffer (bytearray) to get writable tensors; read-only
     buffers (bytes) are copied per tensor because torch cannot view them safely.
+    ``max_entries`` bounds the per-entry work a blob of many tiny entries can cause.
     """
     view = memoryview(buf).cast("B")
     reader = _Reader(view)
@@ -151,7 +154,11 @@ def decode(buf: bytes | bytearray | memoryview) -> dict[str, torch.Tensor | None
     if magic != MAGIC:
         raise WireError(f"bad magic 0x{magic:08X}, expected 0x{MAGIC:08X}")
     out: dict[str, torch.Tensor | None] = {}
+    entries = 0
     while reader.pos < len(view):
+        entries += 1
+        if max_entries is not None and entries > max_entries:
+            raise WireError(f"more than {max_entries} entries")
         key_len = reader.u32("key length")
         try:
             key = bytes(reader.take(key_len, "key")).decode("utf-8")
@@ -182,8 +189,11 @@ def decode(buf: bytes | bytearray | memoryview) -> dict[str, torch.Tensor | None
 
 
 def _view_tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    if len(data) == 0:
-        return torch.empty(shape, dtype=dtype)
-    if data.readonly:
-        data = memoryview(bytearray(data))
-    return torch.frombuffer(data, dtype=dtype).view(shape)
+    try:
+        if len(data) == 0:  # torch refuses shapes like [0, 2**62, 4]: strides overflow int64
+            return torch.empty(shape, dtype=dtype)
+        if data.readonly:
+            data = memoryview(bytearray(data))
+        return torch.frombuffer(data, dtype=dtype).view(shape)
+    except RuntimeError as exc:
+        raise WireError(f"shape {list(shape)} is not a valid {dtype} tensor: {exc}") from None

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 # B=8, S=32768 is 6 MiB of /generate request; leave room for a 1M-token vocab mapping too.
 DEFAULT_MAX_BODY_BYTES = 64 << 20
+# B x S per /generate: the embedded model's CPU forward at 8192 tokens peaks near 0.5 GB and a few
+# seconds (attention is quadratic in S); a GPU target with memory to spare raises it.
+DEFAULT_MAX_BATCH_TOKENS = 8192
+INIT_NCCL_MAX_BYTES = 64 << 10  # a small JSON object
 WARMUP_TOKENS = 8
 CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
 OPEN_PATHS = {"/" + spec.LIVEZ, "/" + spec.READYZ, "/" + spec.HEALTH, "/" + spec.METRICS}
@@ -44,6 +48,7 @@ OPEN_PATHS = {"/" + spec.LIVEZ, "/" + spec.READYZ, "/" + spec.HEALTH, "/" + spec
 @dataclass
 class ServerOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     session_ttl: float = 3600.0
     exit_on_disconnect: bool = False
     auth_token: str | None = None
@@ -51,6 +56,7 @@ class ServerOptions:
     nccl_port_range: PortRange | None = None  # where /init_nccl without a port allocates one
     p2p: bool = True
     p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
+    keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
 
 
 class TargetServer:
@@ -81,7 +87,7 @@ class TargetServer:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.options.max_body_bytes,
-            middlewares=[self._observe, self._json_errors, self._authenticate],
+            middlewares=[self._observe, self._json_errors, self._authenticate, self._identity_bodies],
         )
         app.add_routes(
             [
@@ -100,6 +106,18 @@ class TargetServer:
         )
         app.cleanup_ctx.append(self._background)
         return app
+
+    def app_runner(self, **kwargs) -> web.AppRunner:
+        """The AppRunner this server is meant to be served by: its connection limits included."""
+        return web.AppRunner(
+            self.app(),
+            access_log=None,
+            # aiohttp's keep-alive timer also runs from connection start until a request's headers
+            # are complete, so it reaps idle connections and slow-header (slowloris) ones alike.
+            keepalive_timeout=self.options.keepalive_timeout,
+            auto_decompress=False,  # no client compresses: no decompression bombs; see _identity_bodies
+            **kwargs,
+        )
 
     async def _background(self, _app: web.Application):
         tasks = [asyncio.create_task(self._load()), asyncio.create_task(self._expire_sessions())]
@@ -202,8 +220,19 @@ class TargetServer:
         token = self.options.auth_token
         if token and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            # aiohttp keeps non-UTF-8 header bytes as surrogates: encode them back, never raise.
+            given = given.encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 raise RequestError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>'")
+        return await handler(request)
+
+    @web.middleware
+    async def _identity_bodies(self, request: web.Request, handler):
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise RequestError(
+                415, "unsupported_content_encoding", f"bodies must be sent as-is, not {encoding!r}"
+            )
         return await handler(request)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -273,7 +302,8 @@ class TargetServer:
         runner = self._ready_runner()
         session = self._session(request)
         body = bytearray(await request.read())
-        vocab = parse_vocab_mapping(body, runner.info.vocab_size, runner.info.device)
+        # Off the event loop: validating a 64 MiB body must not stall /livez and /health.
+        vocab = await asyncio.to_thread(parse_vocab_mapping, body, runner.info.vocab_size, runner.info.device)
         session.vocab = vocab  # a forward already running keeps the mapping it was handed
         return web.json_response({"status": "ok"})
 
@@ -281,6 +311,10 @@ class TargetServer:
         runner = self._ready_runner()
         session = self._session(request)
         body = await request.read()
+        if len(body) > INIT_NCCL_MAX_BYTES:  # parsed on the event loop: keep it small
+            raise RequestError(
+                413, "request_entity_too_large", f"/init_nccl takes at most {INIT_NCCL_MAX_BYTES} bytes"
+            )
         # The store binds the address this request reached: our pod address, never a wildcard.
         address = request.transport.get_extra_info("sockname")[0]
         return web.json_response(await self.dataplane.init(session, address, body, runner.info.device))
@@ -291,7 +325,9 @@ class TargetServer:
         timings: dict[str, float] = {}
         start = time.perf_counter()
         body = bytearray(await request.read())
-        inputs = parse_generate(body, runner.info.vocab_size)
+        inputs = await asyncio.to_thread(
+            parse_generate, body, runner.info.vocab_size, self.options.max_batch_tokens
+        )
         if session.vocab is None:
             raise RequestError(409, "no_vocab_mapping", "call /set_vocab_mapping before /generate")
         timings["decode"] = time.perf_counter() - start
@@ -402,7 +438,7 @@ def run_server(server: TargetServer, sock: socket.socket) -> int:
     """Serve on ``sock`` until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load."""
 
     async def main() -> int:
-        runner = web.AppRunner(server.app(), handle_signals=True, access_log=None)
+        runner = server.app_runner(handle_signals=True)
         await runner.setup()
         site = web.SockSite(runner, sock)
         await site.start()

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import logging
 import sys
 from pathlib import Path
 
 from . import preflight
-from .app import DEFAULT_MAX_BODY_BYTES, ServerOptions, TargetServer, listen, run_server
+from .app import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_MAX_BODY_BYTES,
+    ServerOptions,
+    TargetServer,
+    listen,
+    run_server,
+)
 from .dataplane import PortRange
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger requests get 413"
     )
     p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        help=f"a /generate with more than this many tokens (batch x sequence) gets 413 "
+        f"(default {DEFAULT_MAX_BATCH_TOKENS})",
+    )
+    p.add_argument(
         "--session-ttl",
         type=float,
         default=3600.0,
@@ -109,6 +124,25 @@ def check(args: argparse.Namespace) -> None:
     )
 
 
+def _read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise preflight.UsageError(f"--auth-token-file {path}: cannot read it: {exc}") from None
+    if not token:  # an empty token would silently turn authentication off
+        raise preflight.UsageError(f"--auth-token-file {path} is empty; put the bearer token in it")
+    return token
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         sock = listen(args.host, args.port)  # first: a taken port is the quickest thing to report
@@ -120,13 +154,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         check(args)
+        token = _read_token(args.auth_token_file)
     except preflight.UsageError as exc:
         sock.close()
         print(f"eagle3-target serve: error: {exc}", file=sys.stderr)
         return 2
-    token = args.auth_token_file.read_text().strip() if args.auth_token_file else None
+    if token is None and not _is_loopback(args.host):
+        log.warning("serving on %s without --auth-token-file: anyone who can reach it can use it", args.host)
     options = ServerOptions(
         max_body_bytes=args.max_body_bytes,
+        max_batch_tokens=args.max_batch_tokens,
         session_ttl=args.session_ttl,
         exit_on_disconnect=args.exit_on_disconnect,
         auth_token=token,

@@ -283,7 +283,7 @@ def _parse_init(body: bytes) -> tuple[int | None, str]:
     """(port or None, backend asked for) from an /init_nccl body, parsed as JSON whatever its content type."""
     try:
         doc = json.loads(body or b"{}")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays
         raise RequestError(400, "bad_json", f"/init_nccl body must be a JSON object: {exc}") from None
     if not isinstance(doc, dict):
         raise RequestError(400, "bad_json", "/init_nccl body must be a JSON object")

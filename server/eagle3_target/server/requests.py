@@ -8,6 +8,10 @@ from eagle3_target.protocol import wire
 from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS, VOCAB_KEYS
 from eagle3_target.protocol.supervision import VocabMapping
 
+# A request blob has two or three entries; more than this is not a client we speak to, and a
+# 60 MiB blob of millions of tiny entries would otherwise cost millions of tensor objects.
+MAX_ENTRIES = 16
+
 
 class RequestError(Exception):
     """A client mistake: becomes an HTTP 4xx with a JSON body {"error", "detail"}."""
@@ -19,7 +23,7 @@ class RequestError(Exception):
 
 def _decode(body: bytearray, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     try:
-        tensors = wire.decode(body)
+        tensors = wire.decode(body, MAX_ENTRIES)
     except wire.WireError as exc:
         raise RequestError(400, "bad_wire_blob", str(exc)) from None
     missing = [k for k in keys if tensors.get(k) is None]
@@ -33,8 +37,8 @@ def _expect_dtype(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
         raise RequestError(400, "wrong_dtype", f"{name} must be {dtype}, got {tensor.dtype}")
 
 
-def parse_generate(body: bytearray, vocab_size: int) -> dict[str, torch.Tensor]:
-    """input_ids, attention_mask, loss_mask: int64 [B, S], same shape, ids in [0, vocab)."""
+def parse_generate(body: bytearray, vocab_size: int, max_tokens: int) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask, loss_mask: int64 [B, S], same shape, B x S <= max_tokens, ids in [0, vocab)."""
     tensors = _decode(body, GENERATE_INPUT_KEYS)
     for name, tensor in tensors.items():
         _expect_dtype(name, tensor, torch.int64)
@@ -50,6 +54,13 @@ def parse_generate(body: bytearray, vocab_size: int) -> dict[str, torch.Tensor]:
                 "shape_mismatch",
                 f"{name} has shape {list(tensors[name].shape)}, input_ids has {list(shape)}",
             )
+    if shape.numel() > max_tokens:
+        raise RequestError(
+            413,
+            "batch_too_large",
+            f"batch x sequence is {shape[0]} x {shape[1]} = {shape.numel()} tokens; "
+            f"this server takes at most {max_tokens} (--max-batch-tokens)",
+        )
     ids = tensors["input_ids"]
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
@@ -80,4 +91,5 @@ def parse_vocab_mapping(body: bytearray, vocab_size: int, device: str) -> VocabM
         raise RequestError(
             422, "token_out_of_range", f"selected_token_ids span [{low}, {high}], vocab is [0, {vocab_size})"
         )
-    return VocabMapping(ids.to(device), mask.to(device))
+    # Copies, never views: a view would pin the whole request body for the session's life.
+    return VocabMapping(ids.to(device, copy=True), mask.to(device, copy=True))
