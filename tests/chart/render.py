@@ -14,7 +14,13 @@ KUBE_VERSION = "1.34.0"
 
 NAMESPACE = "trainers"
 RELEASE = "eagle3-target"
-MONITORING_APIS = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor")
+MONITORING_APIS = tuple(
+    f"monitoring.coreos.com/v1/{kind}" for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+)
+# The value sets under ci/ (chart-testing's convention), by name: ci/<name>-values.yaml.
+CI_VALUES = {
+    path.name.removesuffix("-values.yaml"): path for path in sorted((CHART / "ci").glob("*-values.yaml"))
+}
 
 
 def helm(tools: Tools, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -28,8 +34,14 @@ def set_args(values: dict[str, str]) -> list[str]:
     return [arg for key, value in values.items() for arg in ("--set-json", f"{key}={value}")]
 
 
-def template(tools: Tools, values: dict[str, str], api_versions: tuple[str, ...] = ()) -> list[dict]:
-    """Every object `helm template` renders (CRDs and test hooks included); values are JSON per key."""
+def template(
+    tools: Tools,
+    values: dict[str, str] | None = None,
+    api_versions: tuple[str, ...] = (),
+    values_file: Path | None = None,
+) -> list[dict]:
+    """Every object `helm template` renders (CRDs and test hooks included); values are JSON per key, applied over
+    values_file."""
     args = [
         "template",
         RELEASE,
@@ -39,7 +51,8 @@ def template(tools: Tools, values: dict[str, str], api_versions: tuple[str, ...]
         "--kube-version",
         KUBE_VERSION,
         "--include-crds",
-        *set_args(values),
+        *(["--values", str(values_file)] if values_file else []),
+        *set_args(values or {}),
     ]
     for api in api_versions:
         args += ["--api-versions", api]
@@ -60,7 +73,3 @@ def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
     found = find(objects, kind, name)
     assert len(found) == 1, f"expected one {kind} {name or ''}, got {[o['metadata']['name'] for o in found]}"
     return found[0]
-
-
-def chart_file(relative: str) -> Path:
-    return CHART / relative

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from chart.render import (
     CHART,
+    CI_VALUES,
     KUBE_VERSION,
     MONITORING_APIS,
     NAMESPACE,
@@ -17,7 +18,6 @@ from chart.render import (
     find,
     helm,
     one,
-    set_args,
     template,
 )
 from tools import REPO
@@ -25,54 +25,21 @@ from tools import REPO
 from eagle3_target.operator import builders
 
 TARGET = RELEASE  # the Eagle3Target is named after the release's full name, which is the chart name here
-RENDERS = {
-    "defaults": ({}, ()),
-    "hostNetwork": ({"target.hostNetwork": "true", "target.replicas": "4", "target.gpusPerReplica": "1"}, ()),
-    "monitoring": (
-        {
-            "monitoring.serviceMonitor.enabled": "true",
-            "monitoring.serviceMonitor.additionalLabels": '{"release": "kube-prometheus-stack"}',
-            "monitoring.podMonitor.enabled": "true",
-            "monitoring.dashboard.enabled": "true",
-        },
-        MONITORING_APIS,
-    ),
-    "operatorOff": ({"operator.enabled": "false"}, ()),
-    "pdbAndNetworkPolicy": (
-        {
-            "podDisruptionBudget.enabled": "true",
-            "networkPolicy.enabled": "true",
-            "monitoring.podMonitor.enabled": "true",
-        },
-        MONITORING_APIS,
-    ),
-    "watchNamespaces": ({"operator.watchNamespaces": '["trainers", "research"]'}, ()),
-    "everything": (
-        {
-            "target.replicas": "3",
-            "target.gpusPerReplica": "2",
-            "target.auxLayerIds": "[2, 16, 29]",
-            "target.modelVolume": '{"persistentVolumeClaim": {"claimName": "models"}, "subPath": "llama"}',
-            "target.authTokenSecret": '{"name": "target-token"}',
-            "target.env": '[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]',
-            "target.resources": '{"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}}',
-            "target.nodeSelector": '{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}',
-            "target.tolerations": '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]',
-            "target.serviceAccountName": '"targets"',
-            "podDisruptionBudget.enabled": "true",
-            "podDisruptionBudget.minAvailable": '"50%"',
-            "networkPolicy.enabled": "true",
-            "networkPolicy.trainerNamespaceSelector": '{"matchLabels": {"team": "ml"}}',
-        },
-        (),
-    ),
-}
-CUSTOM_KINDS = {"Eagle3Target", "ServiceMonitor", "PodMonitor"}  # validated against their own schemas
+CUSTOM_KINDS = {
+    "Eagle3Target",
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+}  # checked by their own schemas
 
 
 @pytest.fixture(scope="module")
 def renders(tools) -> dict[str, list[dict]]:
-    return {name: template(tools, values, apis) for name, (values, apis) in RENDERS.items()}
+    """Every value set under ci/, rendered for a cluster that serves the Prometheus Operator's API."""
+    return {
+        name: template(tools, api_versions=MONITORING_APIS, values_file=path)
+        for name, path in CI_VALUES.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -117,12 +84,18 @@ def check_eagle3target(obj: dict, crd: dict) -> list[str]:
     ]
 
 
-def test_lint_strict(tools):
-    for values, _ in (RENDERS["defaults"], RENDERS["everything"], RENDERS["monitoring"]):
-        args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *set_args(values)]
-        result = helm(tools, *args, check=False)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "0 chart(s) failed" in result.stdout
+def test_ci_value_sets_cover_the_chart():
+    assert {"defaults", "everything", "monitoring", "autoscaled", "host-network", "watch-namespaces"} <= set(
+        CI_VALUES
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CI_VALUES))
+def test_lint_strict(tools, name):
+    args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, "--values", str(CI_VALUES[name])]
+    result = helm(tools, *args, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
 
 
 def test_every_render_is_valid_kubernetes(renders):
@@ -189,8 +162,28 @@ def test_defaults_install_crd_operator_and_a_gpu_fleet(renders):
     ]
     spec = one(objects, "Eagle3Target", TARGET)["spec"]
     assert spec["replicas"] == 1 and spec["gpusPerReplica"] == 1 and spec["hostNetwork"] is False
-    assert spec["ports"] == {"http": 8001, "nccl": {"start": 29500, "end": 29755, "perReplica": 8}}
+    assert spec["ports"] == {"http": 8001, "nccl": {"start": 29600, "end": 29855, "perReplica": 8}}
     assert spec["image"] == "ghcr.io/eagle3-target/eagle3-target:0.1.0"
+    requests = container["resources"]["requests"]
+    assert requests["cpu"] and requests["memory"], "the operator must be scheduled with requests"
+
+
+def test_default_rendezvous_block_stays_clear_of_torchrun(renders):
+    """torchrun's c10d store listens on 29500 (MASTER_PORT) and agents use the ports just above it."""
+    torchrun = range(29500, 29511)
+    for render_name, objects in renders.items():
+        nccl = one(objects, "Eagle3Target", TARGET)["spec"]["ports"]["nccl"]
+        assert not set(torchrun) & set(range(nccl["start"], nccl["end"] + 1)), render_name
+
+
+def test_null_replicas_leave_the_count_to_the_scaler(renders, crd):
+    """An HPA or `kubectl scale` writes spec.replicas through /scale; Helm's server-side apply must not own it."""
+    target = one(renders["autoscaled"], "Eagle3Target", TARGET)
+    assert "replicas" not in target["spec"]
+    assert check_eagle3target(target, crd) == []
+    pod = one(renders["autoscaled"], "Pod")
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TARGET_URLS"] == f"http://{TARGET}-0.{TARGET}-peers.{NAMESPACE}.svc.cluster.local:8001"
 
 
 def test_values_reach_the_eagle3target(renders):
@@ -201,7 +194,7 @@ def test_values_reach_the_eagle3target(renders):
     assert spec["authTokenSecret"] == {"name": "target-token"}
     assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert spec["serviceAccountName"] == "targets"
-    assert one(renders["hostNetwork"], "Eagle3Target", TARGET)["spec"]["hostNetwork"] is True
+    assert one(renders["host-network"], "Eagle3Target", TARGET)["spec"]["hostNetwork"] is True
 
 
 def test_chart_owns_no_operator_children(renders):
@@ -261,16 +254,18 @@ def test_chart_pods_run_restricted(renders):
 
 
 def test_operator_off_renders_only_crd_and_fleet(renders):
-    kinds = {o["kind"] for o in renders["operatorOff"]}
+    kinds = {o["kind"] for o in renders["operator-off"]}
     assert kinds == {"CustomResourceDefinition", "Eagle3Target", "Pod"}  # Pod: the helm test
-    assert one(renders["operatorOff"], "Pod")["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert one(renders["operator-off"], "Pod")["metadata"]["annotations"]["helm.sh/hook"] == "test"
 
 
 def test_operator_rbac_mirrors_manifests(renders):
-    """Cluster-wide: exactly the ClusterRole of manifests/rbac.yaml. Watched namespaces: the same rules as Roles,
-    less the namespaces rule (kopf watches namespaces only to resolve globs, which the schema does not allow)."""
+    """Cluster-wide: exactly the ClusterRole of manifests/rbac.yaml, which never names namespaces (kopf with
+    --all-namespaces does not list them). Watched namespaces: the same rules as Roles, and reading namespaces
+    cluster-wide, which kopf with --namespace lists and watches to follow them coming and going."""
     manifests = list(yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text()))
     reference = one(manifests, "ClusterRole")["rules"]
+    assert not [rule for rule in reference if "namespaces" in rule["resources"]]
     cluster = renders["defaults"]
     assert one(cluster, "ClusterRole", f"{RELEASE}-operator")["rules"] == reference
     binding = one(cluster, "ClusterRoleBinding", f"{RELEASE}-operator")
@@ -278,17 +273,22 @@ def test_operator_rbac_mirrors_manifests(renders):
         {"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}
     ]
 
-    scoped = renders["watchNamespaces"]
-    namespaced = [rule for rule in reference if rule["resources"] != ["namespaces"]]
+    scoped = renders["watch-namespaces"]
     roles = find(scoped, "Role")
     assert {r["metadata"]["namespace"] for r in roles} == {"trainers", "research"}
-    assert all(r["rules"] == namespaced for r in roles)
+    assert all(r["rules"] == reference for r in roles)
     assert {r["metadata"]["namespace"] for r in find(scoped, "RoleBinding")} == {"trainers", "research"}
-    assert not find(scoped, "ClusterRole") and not find(scoped, "ClusterRoleBinding")
+    namespaces = one(scoped, "ClusterRole", f"{RELEASE}-operator-namespaces")
+    assert namespaces["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = one(scoped, "ClusterRoleBinding", f"{RELEASE}-operator-namespaces")
+    assert binding["roleRef"]["name"] == namespaces["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == f"{RELEASE}-operator"
 
 
 def test_pdb_and_network_policy_select_the_operators_pods(renders):
-    objects = renders["pdbAndNetworkPolicy"]
+    objects = renders["pdb-network-policy"]
     pod_labels = builders.labels(TARGET)
     pdb = one(objects, "PodDisruptionBudget", TARGET)
     assert pdb["spec"]["selector"]["matchLabels"] == builders.selector(TARGET)
@@ -298,7 +298,7 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
     trainers, metrics = policy["spec"]["ingress"]
     assert trainers["from"] == [{"podSelector": {"matchLabels": {"eagle3.dev/trainer": "true"}}}]
     assert {"protocol": "TCP", "port": "http"} in trainers["ports"]
-    assert {"protocol": "TCP", "port": 29500, "endPort": 29755} in trainers["ports"]
+    assert {"protocol": "TCP", "port": 29600, "endPort": 29855} in trainers["ports"]
     assert metrics["ports"] == [{"protocol": "TCP", "port": "http"}]
     assert metrics["from"][0]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
@@ -311,8 +311,12 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
     everything = renders["everything"]
     assert one(everything, "PodDisruptionBudget")["spec"] == {
         "minAvailable": "50%",
+        "unhealthyPodEvictionPolicy": "IfHealthyBudget",
         "selector": {"matchLabels": builders.selector(TARGET)},
     }
+    assert one(renders["pdb-network-policy"], "PodDisruptionBudget")["spec"][
+        "unhealthyPodEvictionPolicy"
+    ] == ("AlwaysAllow"), "a not-ready pod must never block a node drain by default"
     (trainers,) = one(everything, "NetworkPolicy")["spec"]["ingress"]  # no monitors: no metrics rule
     assert trainers["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "ml"}}
 
@@ -320,7 +324,8 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
 def test_monitors_follow_the_operators_services_and_pods(renders):
     objects = renders["monitoring"]
     monitor = one(objects, "ServiceMonitor", TARGET)
-    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        assert one(objects, kind, TARGET)["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
     assert monitor["spec"]["selector"]["matchLabels"].items() <= builders.labels(TARGET).items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
@@ -332,9 +337,9 @@ def test_monitors_follow_the_operators_services_and_pods(renders):
 
 
 def test_monitors_need_the_monitoring_api(tools):
-    values, _ = RENDERS["monitoring"]
-    objects = template(tools, values, api_versions=())
+    objects = template(tools, values_file=CI_VALUES["monitoring"])
     assert not find(objects, "ServiceMonitor") and not find(objects, "PodMonitor")
+    assert not find(objects, "PrometheusRule")
     assert find(objects, "ConfigMap"), "the dashboard ConfigMap needs no Prometheus Operator"
 
 
@@ -355,13 +360,19 @@ def test_helm_test_pod_reaches_every_replica_through_the_services(renders):
     assert env["TARGET_URLS"] == f"http://{TARGET}-0.{TARGET}-peers.{NAMESPACE}.svc.cluster.local:8001"
     assert pod["spec"]["containers"][0]["args"][0] == (CHART / "files" / "check_fleet.py").read_text()
 
-    host = one(renders["hostNetwork"], "Pod")
+    host = one(renders["host-network"], "Pod")
     env = {e["name"]: e["value"] for e in host["spec"]["containers"][0]["env"]}
     assert "SERVICE_URL" not in env, "with hostNetwork the replicas do not share one port"
     assert env["TARGET_URLS"].split() == [
         f"http://{TARGET}-{i}.{TARGET}-peers.{NAMESPACE}.svc.cluster.local:{8001 + i}" for i in range(4)
     ]
+    assert pod["spec"]["containers"][0]["image"] == "docker.io/library/python:3.13-alpine", (
+        "not the server image"
+    )
     everything = one(renders["everything"], "Pod")["spec"]
+    fqdn = f"{TARGET}.{NAMESPACE}.svc.k8s.example.internal"
+    env = {e["name"]: e["value"] for e in everything["containers"][0]["env"]}
+    assert env["SERVICE_URL"] == f"http://{fqdn}:8001", "clusterDomain names the Services"
     assert everything["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert everything["tolerations"][0]["key"] == "nvidia.com/gpu"
 
@@ -372,7 +383,7 @@ def test_the_operator_cli_accepts_the_rendered_arguments(renders, monkeypatch):
 
     parsed = []
     monkeypatch.setattr(operator_cli, "run", lambda args: parsed.append(args) or 0)
-    for render_name in ("defaults", "watchNamespaces"):
+    for render_name in ("defaults", "watch-namespaces"):
         container = one(renders[render_name], "Deployment")["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["eagle3-target"]
         assert cli.main(container["args"]) == 0, render_name

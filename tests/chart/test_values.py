@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from chart.render import CHART, NAMESPACE, RELEASE, helm, install_dry_run, set_args
+
+from eagle3_target.operator import builders
 
 BAD_VALUES = [
     ({"target.replicas": "-1"}, "at '/target/replicas': minimum: got -1, want 0"),
@@ -29,17 +32,39 @@ BAD_VALUES = [
     ({"podDisruptionBudget.maxUnavailable": '"half"'}, "at '/podDisruptionBudget/maxUnavailable'"),
     ({"monitoring.serviceMonitor.interval": '"5 minutes"'}, "does not match pattern"),
     ({"monitring": "{}"}, "additional properties 'monitring' not allowed"),
+    (
+        {"monitoring.serviceMonitor.additionalLabels": '{"release": "kps"}'},
+        "additional properties 'additionalLabels' not allowed",  # renamed to labels
+    ),
+    (
+        {"operator.resources.requests": "null"},
+        "at '/operator/resources': missing property 'requests'",
+    ),
+    ({"operator.resources.requests.memory": "null"}, "missing property 'memory'"),
+    ({"monitoring.prometheusRule.latencySeconds": "7"}, "at '/monitoring/prometheusRule/latencySeconds'"),
+    ({"monitoring.prometheusRule.latencyObjective": "1"}, "at '/monitoring/prometheusRule/latencyObjective'"),
+    (
+        {"podDisruptionBudget.unhealthyPodEvictionPolicy": '"Never"'},
+        "at '/podDisruptionBudget/unhealthyPodEvictionPolicy'",
+    ),
+    ({"clusterDomain": '"cluster.local."'}, "at '/clusterDomain'"),
+    ({"tests.image": '""'}, "at '/tests/image'"),
+    ({"target.replicas": '"2"'}, "at '/target/replicas': got string, want null or integer"),
     # Rules JSON schema cannot say, checked by the templates with the same clarity.
     (
         {"target.ports.nccl.end": "29000"},
         "target.ports.nccl.end (29000) must not be below target.ports.nccl.start",
+    ),
+    (
+        {"operator.watchNamespaces": '["research"]'},
+        f"operator.watchNamespaces [research] leaves out the release namespace {NAMESPACE}",
     ),
 ]
 
 
 @pytest.mark.parametrize("values,message", BAD_VALUES, ids=[next(iter(v)) for v, _ in BAD_VALUES])
 def test_bad_values_are_rejected_with_a_clear_message(tools, values, message):
-    result = helm(tools, "template", RELEASE, str(CHART), *set_args(values), check=False)
+    result = helm(tools, "template", RELEASE, str(CHART), "-n", NAMESPACE, *set_args(values), check=False)
     assert result.returncode != 0, f"{values} was accepted"
     assert message in result.stderr, result.stderr
 
@@ -69,10 +94,9 @@ def test_notes_name_the_dns_a_trainer_uses_and_the_fleet(tools):
     assert f"{fqdn}:8001" in notes
     assert f"{RELEASE}-<i>.{RELEASE}-peers.{NAMESPACE}.svc.cluster.local" in notes
     assert f"kubectl get eagle3target {RELEASE} -n {NAMESPACE}" in notes
-    assert (
-        f"kubectl get pods -n {NAMESPACE} -l eagle3.dev/target={RELEASE},app.kubernetes.io/component=target"
-        in notes
-    )
+    (selector,) = re.findall(rf"kubectl get pods -n {NAMESPACE} -l (\S+) -o wide", notes)
+    assert dict(pair.split("=") for pair in selector.split(",")) == builders.selector(RELEASE)
+    assert "2 replica(s)" in notes
     assert f"name: {RELEASE}-client" in notes
     assert "kubectl apply --server-side" in notes  # the CRD upgrade path
     assert "WARNING" not in notes
@@ -88,3 +112,11 @@ def test_notes_warn_about_host_network_and_missing_monitoring_api(tools):
     assert "networkPolicy.enabled has no effect: pods on the host network are outside NetworkPolicy" in notes
     assert "privileged Pod Security level" in notes
     assert "no monitoring.coreos.com/v1 API" in notes
+
+
+def test_notes_follow_the_cluster_domain_and_a_scaler_owned_count(tools):
+    notes = install_dry_run(tools, {"target.replicas": "null", "clusterDomain": '"k8s.internal"'}).split(
+        "NOTES:", 1
+    )[1]
+    assert f"_http._tcp.{RELEASE}.{NAMESPACE}.svc.k8s.internal" in notes
+    assert "target.replicas is null" in notes and "<nil>" not in notes
