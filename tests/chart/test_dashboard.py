@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from chart.prometheus_support import POD_LABELS
 from chart.render import CHART
 from prometheus_client.parser import text_string_to_metric_families
 from target_support import serve
@@ -114,3 +115,38 @@ def test_dashboard_is_importable_grafana_json():
     for panel in DASHBOARD["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+
+
+# -- every query run by a real Prometheus over real samples ---------------------------------------------
+
+# What Grafana substitutes before it sends a query: one namespace and pod picked, and a rate window of at least
+# four scrape intervals.
+VARIABLES = {"$namespace": POD_LABELS["namespace"], "$pod": POD_LABELS["pod"], "$__rate_interval": "1m"}
+LABEL_VALUES = re.compile(r"^label_values\((.+), ([a-z_]+)\)$")
+
+
+def grafana_substitute(expr: str) -> str:
+    for variable, value in VARIABLES.items():
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"unknown variable in {expr}"
+    return expr
+
+
+def test_every_dashboard_query_runs_and_returns_series(live_prometheus):
+    """Parse errors fail the query (HTTP 400); a wrong metric, label or matcher value returns nothing."""
+    empty = []
+    for expr in map(grafana_substitute, expressions(DASHBOARD)):
+        if match := LABEL_VALUES.match(expr):  # Grafana's variable query: the series API
+            selector, label = match.groups()
+            found = live_prometheus.api(f"label/{label}/values", **{"match[]": selector})
+        else:
+            found = live_prometheus.query(expr)
+        if not found:
+            empty.append(expr)
+    assert empty == []
+
+
+def test_the_live_check_catches_empty_and_broken_queries(live_prometheus):
+    assert live_prometheus.query('eagle3_target_ready{pod="eagle3-target-9"}') == []
+    with pytest.raises(AssertionError, match="400"):
+        live_prometheus.query("sum by (pod (eagle3_target_ready)")

@@ -122,7 +122,7 @@ def test_kubernetes_validate_strict_rejects_an_unknown_field(renders):
 
 def test_rendered_eagle3target_matches_the_crd_schema(renders, crd):
     for render_name, objects in renders.items():
-        target = one(objects, "Eagle3Target", TARGET)
+        target = one(objects, "Eagle3Target")
         assert check_eagle3target(target, crd) == [], render_name
 
 
@@ -172,7 +172,7 @@ def test_default_rendezvous_block_stays_clear_of_torchrun(renders):
     """torchrun's c10d store listens on 29500 (MASTER_PORT) and agents use the ports just above it."""
     torchrun = range(29500, 29511)
     for render_name, objects in renders.items():
-        nccl = one(objects, "Eagle3Target", TARGET)["spec"]["ports"]["nccl"]
+        nccl = one(objects, "Eagle3Target")["spec"]["ports"]["nccl"]
         assert not set(torchrun) & set(range(nccl["start"], nccl["end"] + 1)), render_name
 
 
