@@ -1,6 +1,7 @@
 """The eight NeMo endpoints and our extensions, against a real server on loopback with a tiny Llama loaded from disk."""
 
 import asyncio
+import logging
 import threading
 
 import pytest
@@ -314,7 +315,8 @@ def test_hf_runner_rejects_bad_aux_layer_ids():
         HFRunner.load(aux_layer_ids=[2, 2, 3])
 
 
-async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving_goes_on():
+async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving_goes_on(caplog):
+    caplog.set_level(logging.DEBUG)
     async with serve(lambda: SyntheticRunner(vocab_size=V, hidden_size=2048)) as srv:
         await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))
         big = generate_body(torch.zeros(4, 1024, dtype=torch.long))  # ~50 MB of supervision
@@ -334,3 +336,7 @@ async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving
                 await asyncio.sleep(0.05)
         assert 'code="500"' not in text
         assert (await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)))).status == 200
+    # Routine for a trainer that was stopped: one debug line, no traceback at any level.
+    hangups = [r for r in caplog.records if "client went away mid-response" in r.getMessage()]
+    assert [r.levelno for r in hangups] == [logging.DEBUG]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]

@@ -42,6 +42,7 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 INIT_NCCL_MAX_BYTES = 64 << 10  # a small JSON object
 WARMUP_TOKENS = 8
 CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
+CLIENT_CLOSED_KEY = "eagle3_target.client_closed"  # set on a request whose client hung up mid-response
 OPEN_PATHS = {"/" + spec.LIVEZ, "/" + spec.READYZ, "/" + spec.HEALTH, "/" + spec.METRICS}
 
 
@@ -182,7 +183,7 @@ class TargetServer:
         self.metrics.in_flight.inc()
         try:
             response = await handler(request)
-            code = response.status
+            code = CLIENT_CLOSED if request.get(CLIENT_CLOSED_KEY) else response.status
             return response
         except web.HTTPException as exc:
             code = exc.status
@@ -256,10 +257,14 @@ class TargetServer:
         """Write a wire blob piece by piece from tensor storage: no joined copy of the body."""
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", **(headers or {})})
         response.content_length = blob.nbytes
-        await response.prepare(request)
-        for chunk in blob.chunks():
-            await response.write(chunk)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            for chunk in blob.chunks():
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionError as exc:  # the client hung up: routine for a trainer that was stopped
+            log.debug("%s %s: client went away mid-response: %s", request.method, request.path, exc)
+            request[CLIENT_CLOSED_KEY] = True
         return response
 
     # -- endpoints -------------------------------------------------------------------------
