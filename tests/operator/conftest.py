@@ -1,9 +1,12 @@
 """The real operator (kopf + kr8s) against kmock's Kubernetes emulator, made realistic enough for kopf.
 
 kmock keeps objects as plain dicts; the subclass below adds what kopf relies on: uid, resourceVersion,
-generation and timestamps on stored objects, JSON-patch with 422 on a failed `test`, a real list
+generation and timestamps on stored objects, JSON-patch with 422 on a failed `test`, 409 on a patch whose
+metadata.resourceVersion is stale (optimistic concurrency, what leader election relies on), a real list
 resourceVersion, and watch streams without events the client already saw. kmock does no garbage collection,
 ignores label selectors and applies /status patches to the whole object; the operator copes with all three.
+Every write to a pod is followed by a snapshot of (pods, ready pods), so tests can assert bounds that hold
+at every moment, not only at the moments they look.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import asyncio
 import copy
 import datetime
 import itertools
-import os
 import threading
 import uuid
 from pathlib import Path
@@ -23,9 +25,6 @@ import jsonpatch
 import kmock
 import pytest
 import yaml
-
-# The timer drives healing and rollouts; make it quick before the handlers register.
-os.environ["EAGLE3_TARGET_OPERATOR_INTERVAL"] = "0.2"
 
 NAMESPACE = "ml"
 CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd.yaml"
@@ -53,6 +52,10 @@ def _rv(obj: dict) -> int:
 class KubeEmulator(kmock.KubernetesEmulator):
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
     _latest: int = attrs.field(default=0, init=False)
+    pod_history: list[tuple[int, int]] = attrs.field(factory=list, init=False)
+    refusals: dict[str, kmock.KubernetesError] = attrs.field(
+        factory=dict, init=False
+    )  # pod name -> admission
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -80,11 +83,23 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 request = self._stamp(request)
             except kmock.KubernetesError as e:
                 return await self._render_error(e)
-        return await super()._handle(request)
+        try:
+            return await super()._handle(request)
+        finally:
+            if request.resource == kmock.resource("v1/pods"):
+                self.pod_history.append(self._pod_counts())
+
+    def _pod_counts(self) -> tuple[int, int]:
+        pods = [o.raw for k, o in self.objects.items() if k[0] == kmock.resource("v1/pods") and not o.deleted]
+        ready = [p for p in pods if Cluster.is_ready(p)]
+        return len(pods), len(ready)
 
     def _stamp(self, request: kmock.Request) -> kmock.Request:
         res = request.resource
         if request.action == kmock.action.CREATE:
+            refusal = self.refusals.get((request.data.get("metadata") or {}).get("name"))
+            if res == kmock.resource("v1/pods") and refusal is not None:
+                raise refusal  # an admission webhook or Pod Security saying no
             data = copy.deepcopy(request.data)
             meta = data.setdefault("metadata", {})
             meta.setdefault("namespace", request.namespace)
@@ -108,6 +123,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             current.patch({"metadata": {"resourceVersion": self._next_version()}})
             return request
         old = copy.deepcopy(current.raw)
+        precondition = isinstance(request.data, dict) and request.data.get("metadata", {}).get(
+            "resourceVersion"
+        )
+        if precondition and precondition != old["metadata"].get("resourceVersion"):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
         if isinstance(request.data, list):
             try:
                 new = jsonpatch.apply_patch(old, request.data)
@@ -173,6 +193,9 @@ def _register(kube: KubeEmulator) -> None:
         kube.resources[f"v1/{plural}"] = kmock.ResourceInfo(
             kind=kind, namespaced=namespaced, verbs={"list", "watch", "get", "patch", "create", "delete"}
         )
+    kube.resources["coordination.k8s.io/v1/leases"] = kmock.ResourceInfo(
+        kind="Lease", namespaced=True, verbs={"list", "watch", "get", "patch", "create", "delete"}
+    )
     kube.objects["v1/namespaces", None, NAMESPACE] = {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -212,6 +235,17 @@ class Cluster:
     def target(self, name: str) -> dict:
         return self._live(CR)[name]
 
+    def targets(self) -> dict[str, dict]:
+        return self._live(CR)
+
+    def leases(self) -> dict[str, dict]:
+        return self._live("coordination.k8s.io/v1/leases")
+
+    @staticmethod
+    def is_ready(pod: dict) -> bool:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json"):
         headers = {"Content-Type": content_type}
         async with self.server.client.request(method, path, json=body, headers=headers) as resp:
@@ -219,12 +253,13 @@ class Cluster:
             assert resp.status < 300, (resp.status, payload.get("message"), payload.get("details"))
             return payload
 
-    async def create_target(self, name: str, spec: dict) -> dict:
+    async def create_target(self, name: str, spec: dict, **extra: Any) -> dict:
         body = {
             "apiVersion": "eagle3.dev/v1alpha1",
             "kind": "Eagle3Target",
             "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": spec,
+            **extra,
         }
         return await self.request(
             "POST", f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets", body
@@ -242,11 +277,21 @@ class Cluster:
             "podIP": ip,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         }
+        await self.set_pod_status(name, status)
+
+    async def set_pod_status(self, name: str, status: dict) -> None:
         path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status"
         await self.request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
+    async def patch_pod(self, name: str, patch: dict) -> None:
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+        await self.request("PATCH", path, patch, "application/merge-patch+json")
+
     async def delete(self, plural: str, name: str) -> None:
         await self.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/{plural}/{name}")
+
+    async def delete_target(self, name: str) -> None:
+        await self.request("DELETE", f"/apis/eagle3.dev/v1alpha1/namespaces/{NAMESPACE}/eagle3targets/{name}")
 
 
 async def eventually(check, timeout: float = 15.0, interval: float = 0.05):
@@ -286,21 +331,55 @@ async def cluster(tmp_path, monkeypatch):
         yield Cluster(kube, server)
 
 
+class Operator:
+    """The operator's real handlers in kopf, in a thread of its own with its own event loop: on exit kopf
+    cancels every task of its loop that it did not start, pytest's teardown included."""
+
+    def __init__(self, **config: Any) -> None:
+        import kopf
+
+        from eagle3_target.operator.config import OperatorConfig
+
+        self.config = OperatorConfig(
+            **{"default_image": "registry.test/eagle3-target:test", "interval": 0.2, **config}
+        )
+        self.memo = kopf.Memo(config=self.config)
+        self._ready, self._stop = threading.Event(), threading.Event()
+        coro = kopf.operator(
+            clusterwide=True, standalone=True, ready_flag=self._ready, stop_flag=self._stop, memo=self.memo
+        )
+        self._thread = threading.Thread(target=asyncio.run, args=(coro,), name="kopf", daemon=True)
+
+    async def start(self) -> None:
+        import eagle3_target.operator.handlers  # noqa: F401  (registers the handlers)
+
+        self._thread.start()
+        assert await asyncio.to_thread(self._ready.wait, 15), "the operator did not start"
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 30)
+        assert not self._thread.is_alive(), "the operator did not stop"
+
+
 @pytest.fixture
-async def operator(cluster):
-    """The operator's real handlers in kopf, until the test ends. kopf gets its own thread and event loop:
-    on exit it cancels every task of its loop that it did not start, pytest's teardown included."""
-    import kopf
+async def start_operator(cluster):
+    """Start the real operator with OperatorConfig overrides; it stops when the test ends."""
+    started = []
 
-    import eagle3_target.operator.handlers  # noqa: F401  (registers the handlers)
+    async def start(**config: Any) -> Operator:
+        operator = Operator(**config)
+        await operator.start()
+        started.append(operator)
+        return operator
 
-    ready, stop = threading.Event(), threading.Event()
-    memo = kopf.Memo(default_image="registry.test/eagle3-target:test")
-    coro = kopf.operator(clusterwide=True, standalone=True, ready_flag=ready, stop_flag=stop, memo=memo)
-    thread = threading.Thread(target=asyncio.run, args=(coro,), name="kopf", daemon=True)
-    thread.start()
-    assert await asyncio.to_thread(ready.wait, 15), "the operator did not start"
-    yield cluster
-    stop.set()
-    await asyncio.to_thread(thread.join, 30)
-    assert not thread.is_alive(), "the operator did not stop"
+    yield start
+    for operator in started:
+        await operator.stop()
+
+
+@pytest.fixture
+async def operator(cluster, start_operator):
+    """The cluster, with the operator running on test settings (resync every 0.2 s, one operator)."""
+    await start_operator()
+    return cluster

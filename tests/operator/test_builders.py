@@ -6,7 +6,14 @@ import pytest
 
 from eagle3_target.operator import builders
 from eagle3_target.operator.spec import InvalidSpec, TargetSpec
-from eagle3_target.operator.status import PodState, compute_status, merge_conditions, plan
+from eagle3_target.operator.status import (
+    Observed,
+    PodState,
+    Rollout,
+    compute_status,
+    merge_conditions,
+    plan,
+)
 
 IMAGE = "registry.test/eagle3-target:test"
 
@@ -100,6 +107,24 @@ def test_pod_template_depends_on_ordinal_not_on_replicas():
     )
 
 
+def test_revision_covers_what_the_user_wrote_not_defaults_or_rollout_settings():
+    base = builders.revision(target())
+    assert builders.revision(target(dtype="auto", engine="hf", ports={"http": 8001})) == base  # defaults
+    rollout_only = {
+        "replicas": 7,
+        "progressDeadlineSeconds": 60,
+        "updateStrategy": {"maxSurge": 2, "partition": 1},
+    }
+    assert builders.revision(target(**rollout_only)) == base
+    for change in ({"dtype": "bfloat16"}, {"image": "mine:1"}, {"args": ["--x"]}, {"ports": {"http": 9000}}):
+        assert builders.revision(target(**change)) != base, change
+    # the operator's default image is not part of it: a new default restarts nothing
+    assert (
+        builders.pod(target(), "t", "ml", 0, "a:1")["metadata"]["annotations"]
+        == (builders.pod(target(), "t", "ml", 0, "b:2")["metadata"]["annotations"])
+    )
+
+
 def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
     spec = target()
     service, peers, configmap = builders.children(spec, "llama", "ml")
@@ -170,34 +195,62 @@ def pod_state(ordinal: int, spec_hash: str = "new", ready: bool = True, **kw) ->
     return PodState(**{**fields, **kw})
 
 
-HASHES = {i: "new" for i in range(4)}
+def rollout(replicas: int, **kw) -> Rollout:
+    return Rollout(replicas=replicas, revision="new", **kw)
 
 
 def test_plan_creates_missing_and_deletes_extras_highest_first():
-    step = plan([pod_state(0), pod_state(3), pod_state(5)], 3, {i: "new" for i in range(3)})
-    assert step.create == [1, 2]
+    step = plan("t", [pod_state(0), pod_state(3), pod_state(5)], rollout(3))
+    assert step.create == [(1, "t-1"), (2, "t-2")]
     assert step.delete == ["t-5", "t-3"]
 
 
 def test_plan_rolls_one_outdated_pod_only_when_the_rest_is_ready():
     pods = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "old")]
-    assert plan(pods, 3, HASHES).delete == ["t-2"]
+    assert plan("t", pods, rollout(3)).delete == ["t-2"]
     waiting = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "new", ready=False)]
-    assert plan(waiting, 3, HASHES).delete == []
+    assert plan("t", waiting, rollout(3)).delete == []
     missing = [pod_state(0, "old"), pod_state(1, "old")]
-    assert plan(missing, 3, HASHES).delete == [] and plan(missing, 3, HASHES).create == [2]
+    step = plan("t", missing, rollout(3))
+    assert step.delete == [] and step.create == [(2, "t-2")]
     broken_old = [pod_state(0, "old"), pod_state(1, "old", ready=False), pod_state(2, "new")]
-    assert plan(broken_old, 3, HASHES).delete == ["t-1"]  # an unready outdated pod costs no availability
+    assert plan("t", broken_old, rollout(3)).delete == [
+        "t-1"
+    ]  # an unready outdated pod costs no availability
 
 
-def test_plan_waits_for_terminating_pods():
-    pods = [pod_state(0, "old"), pod_state(1, "new", terminating=True)]
-    step = plan(pods, 2, HASHES)
+def test_plan_surges_within_bounds_and_retires_old_pods_once_new_ones_are_ready():
+    old = [pod_state(i, "old") for i in range(4)]
+    surge = rollout(4, max_surge=1, max_unavailable=0)
+    assert plan("t", old, surge).create == [(3, "t-3-r1")] and plan("t", old, surge).delete == []
+    loading = [*old, pod_state(3, "new", ready=False, name="t-3-r1")]
+    assert plan("t", loading, surge).create == [] and plan("t", loading, surge).delete == []
+    ready = [*old, pod_state(3, "new", name="t-3-r1")]
+    step = plan("t", ready, surge)
+    assert step.delete == ["t-3"] and step.create == [(2, "t-2-r1")]
+    wide = rollout(4, max_surge=0, max_unavailable=2)
+    assert plan("t", old, wide).delete == ["t-3", "t-2"]
+
+
+def test_plan_partition_updates_only_high_ordinals():
+    pods = [pod_state(i, "old") for i in range(3)]
+    assert plan("t", pods, rollout(3, partition=2)).delete == ["t-2"]
+    done = [pod_state(0, "old"), pod_state(1, "old"), pod_state(2, "new")]
+    assert plan("t", done, rollout(3, partition=2)) == plan("t", [], rollout(0))  # nothing to do
+
+
+def test_plan_waits_for_terminating_pods_until_they_are_abandoned():
+    pods = [pod_state(0, "old"), pod_state(1, "new", terminating=True, deadline=100.0)]
+    step = plan("t", pods, rollout(2), now=150.0, grace=300.0)
     assert step.create == [] and step.delete == []
+    step = plan("t", pods, rollout(2), now=401.0, grace=300.0)  # its node is gone: a new name, same ordinal
+    assert step.create == [(1, "t-1-r1")] and step.delete == []  # t-0 waits: t-1-r1 is not ready yet
+    step = plan("t", pods, rollout(2, max_unavailable=2), now=401.0, grace=300.0)
+    assert step.delete == ["t-0"]  # the abandoned pod holds no rollout back
 
 
 def test_plan_replaces_failed_pods():
-    assert plan([pod_state(0, phase="Failed", ready=False)], 1, HASHES).delete == ["t-0"]
+    assert plan("t", [pod_state(0, phase="Failed", ready=False)], rollout(1)).delete == ["t-0"]
 
 
 def test_pod_state_reads_readiness_ports_and_failures():
@@ -212,46 +265,56 @@ def test_pod_state_reads_readiness_ports_and_failures():
     assert state.spec_hash == pod["metadata"]["annotations"][builders.HASH_ANNOTATION]
     pod["status"]["containerStatuses"] = [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]
     assert PodState.from_pod(pod).failing_reason == "CrashLoopBackOff"
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}
+        ],
+    }
+    state = PodState.from_pod(pod)
+    assert (state.failing_reason, state.failing_message) == ("Unschedulable", "0/3 nodes")
 
 
 def test_last_transition_time_moves_only_when_status_flips():
-    before = [{"type": "Ready", "status": "False", "reason": "PodsStarting", "lastTransitionTime": "T0"}]
+    before = [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "PodsStarting",
+            "lastTransitionTime": "T0",
+            "observedGeneration": 1,
+        }
+    ]
     same = merge_conditions(before, [{"type": "Ready", "status": "False", "reason": "ModelLoading"}], "T1")
     assert same[0]["lastTransitionTime"] == "T0" and same[0]["reason"] == "ModelLoading"
     flipped = merge_conditions(
         before, [{"type": "Ready", "status": "True", "reason": "AllTargetsReady"}], "T2"
     )
     assert flipped[0]["lastTransitionTime"] == "T2"
+    # the CRD's placeholder (no observedGeneration, 1970) is never carried over
+    placeholder = [{"type": "Reconciling", "status": "True", "lastTransitionTime": "1970-01-01T00:00:00Z"}]
+    merged = merge_conditions(placeholder, [{"type": "Reconciling", "status": "True"}], "T3")
+    assert merged[0]["lastTransitionTime"] == "T3"
 
 
 def test_status_counts_endpoints_and_degraded():
     pods = [pod_state(0), pod_state(1, ready=False, failing_reason="CrashLoopBackOff")]
     status = compute_status(
-        name="t",
-        pods=pods,
-        replicas=2,
-        hashes=HASHES,
-        problems=[],
-        generation=4,
-        selector="s",
-        previous=None,
-        timestamp="T",
+        name="t", pods=pods, observed=Observed(rollout(2), generation=4), selector="s", previous=None, at=0.0
     )
     assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (2, 1, ["127.0.0.2:8001"])
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "ModelLoading"
     assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "PodsFailing")
-    assert all(c["observedGeneration"] == 4 and c["lastTransitionTime"] == "T" for c in conditions.values())
+    assert all(c["observedGeneration"] == 4 for c in conditions.values())
+    assert all(c["lastTransitionTime"] == "1970-01-01T00:00:00Z" for c in conditions.values())
     again = compute_status(
         name="t",
         pods=pods,
-        replicas=2,
-        hashes=HASHES,
-        problems=[],
-        generation=4,
+        observed=Observed(rollout(2), generation=4),
         selector="s",
         previous=status,
-        timestamp="later",
+        at=5.0,
     )
     assert again == status  # an unchanged world is not re-patched
 
@@ -263,19 +326,25 @@ def test_status_counts_endpoints_and_degraded():
         ([pod_state(0), pod_state(1, ready=False)], [], "True", "False"),  # loading: InProgress
         ([pod_state(0)], [], "True", "False"),  # a replica still to create
         ([], ["auxLayerIds must be distinct"], "False", "True"),  # invalid: Failed, helm --wait stops
+        ([pod_state(0), pod_state(1, ready=False, failing_reason="ImagePullBackOff")], [], "False", "True"),
     ],
 )
 def test_kstatus_conditions_follow_readiness(pods, problems, reconciling, stalled):
-    status = compute_status(
-        name="t",
-        pods=pods,
-        replicas=2,
-        hashes=HASHES,
-        problems=problems,
-        generation=1,
-        selector="s",
-        previous=None,
-        timestamp="T",
-    )
+    observed = Observed(rollout(2), problems=problems, generation=1)
+    status = compute_status(name="t", pods=pods, observed=observed, selector="s", previous=None, at=0.0)
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert (conditions["Reconciling"], conditions["Stalled"]) == (reconciling, stalled)
+
+
+def test_progress_deadline_stalls_only_without_progress():
+    loading = [pod_state(0), pod_state(1, ready=False)]
+    observed = Observed(rollout(2), progress_deadline=60, generation=1)
+    first = compute_status(name="t", pods=loading, observed=observed, selector="s", previous=None, at=0.0)
+    later = compute_status(name="t", pods=loading, observed=observed, selector="s", previous=first, at=59.0)
+    assert {c["type"]: c["status"] for c in later["conditions"]}["Stalled"] == "False"
+    late = compute_status(name="t", pods=loading, observed=observed, selector="s", previous=later, at=61.0)
+    stalled = {c["type"]: c for c in late["conditions"]}["Stalled"]
+    assert (stalled["status"], stalled["reason"]) == ("True", "ProgressDeadlineExceeded")
+    progress = [pod_state(0), pod_state(1)]
+    done = compute_status(name="t", pods=progress, observed=observed, selector="s", previous=late, at=62.0)
+    assert {c["type"]: c["status"] for c in done["conditions"]}["Stalled"] == "False"

@@ -62,6 +62,7 @@ def test_crd_identity_subresources_and_columns(crd):
         "Reason",
         "Desired",
         "ReadyReplicas",
+        "Updated",
         "Model",
         "Age",
     ]
@@ -87,17 +88,15 @@ def test_example_target_is_valid_and_bad_ones_are_not(schema):
 
 def test_operator_status_validates_against_the_schema(schema):
     spec = TargetSpec.parse({"model": "m"})
-    from eagle3_target.operator.status import PodState, compute_status
+    from eagle3_target.operator.status import Observed, PodState, Rollout, compute_status
 
     pod = builders.pod(spec, "t", "ml", 0, "img")
     pod["status"] = {"podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}
     status = compute_status(
         name="t",
         pods=[PodState.from_pod(pod)],
-        replicas=1,
-        hashes={0: "x"},
-        problems=[],
-        generation=1,
+        observed=Observed(Rollout(1, builders.revision(spec)), generation=1),
+        image="img",
         selector=builders.selector_string("t"),
         previous=None,
     )

@@ -10,19 +10,7 @@ import sys
 
 import aiohttp
 
-SPEC = {
-    "model": "meta-llama/Llama-3.1-8B-Instruct",
-    "replicas": 2,
-    "gpusPerReplica": 1,
-    "auxLayerIds": [1, 15, 28],
-}
-
-
-def condition(target: dict, type_: str) -> dict:
-    for cond in target.get("status", {}).get("conditions", []):
-        if cond["type"] == type_:
-            return cond
-    raise AssertionError(f"no {type_} condition yet")  # so that eventually() keeps polling
+from .operator_support import SPEC, condition
 
 
 async def test_create_makes_pods_services_configmap_and_status(operator):

@@ -4,11 +4,12 @@ and the client ConfigMap. Owner references are added by the handlers."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 
 from . import GROUP
-from .spec import TargetSpec
+from .spec import ROLLOUT_FIELDS, TargetSpec
 
 MANAGER = "eagle3-target-operator"
 TARGET_LABEL = f"{GROUP}/target"
@@ -17,6 +18,11 @@ HASH_ANNOTATION = f"{GROUP}/spec-hash"
 TOKEN_DIR = "/var/run/eagle3-target"
 CACHE_DIR = "/var/cache/eagle3-target"
 GPU_RESOURCE = "nvidia.com/gpu"
+# The server drains in-flight requests on SIGTERM for up to 30 s; the pod gets room to exit by itself.
+TERMINATION_GRACE_SECONDS = 45
+# The longest derived DNS label: `<name>-peers` (a Service name, at most 63 characters); the CRD's CEL rule
+# enforces the same bound at admission.
+MAX_NAME_LENGTH = 63 - len("-peers")
 
 
 def labels(name: str, component: str = "target") -> dict[str, str]:
@@ -37,6 +43,14 @@ def selector(name: str) -> dict[str, str]:
 
 def selector_string(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector(name).items())
+
+
+def name_problems(name: str) -> list[str]:
+    if len(name) > MAX_NAME_LENGTH:
+        return [
+            f"metadata.name has {len(name)} characters; at most {MAX_NAME_LENGTH} leave room for <name>-peers"
+        ]
+    return []
 
 
 def pod_name(name: str, ordinal: int) -> str:
@@ -158,13 +172,12 @@ def _volumes(spec: TargetSpec) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
-def pod_spec(spec: TargetSpec, name: str, ordinal: int, default_image: str) -> dict:
-    """The pod spec of one replica; it depends on the ordinal (ports) but never on the replica count, so
-    scaling does not roll existing pods."""
+def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
+    """The pod spec of one replica: its ordinal (hostname, ports) is its identity, not the pod's name."""
     volumes, mounts = _volumes(spec)
     container = {
         "name": "server",
-        "image": spec.image or default_image,
+        "image": image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["eagle3-target", "serve"],
         "args": server_args(spec, ordinal),
@@ -189,7 +202,7 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, default_image: str) -> d
         "restartPolicy": "Always",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,
@@ -216,23 +229,32 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, default_image: str) -> d
     return result
 
 
-def spec_hash(pod_spec_dict: dict) -> str:
-    """Short digest of a pod spec: a pod whose annotation differs from the desired one is outdated."""
-    return hashlib.sha256(json.dumps(pod_spec_dict, sort_keys=True).encode()).hexdigest()[:16]
+def revision(spec: TargetSpec) -> str:
+    """Digest of what the user set: the fields that differ from their defaults, less those that only steer
+    rollouts. Neither the operator's default image nor a field a newer CRD or operator adds with a default
+    changes it, so upgrading the operator restarts no pod; scaling does not either."""
+    blank = TargetSpec(model="")
+    written = {
+        f.name: getattr(spec, f.name)
+        for f in dataclasses.fields(spec)
+        if f.name not in ROLLOUT_FIELDS and getattr(spec, f.name) != getattr(blank, f.name)
+    }
+    encoded = json.dumps(written, sort_keys=True, default=dataclasses.asdict)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:16]
 
 
-def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, default_image: str) -> dict:
-    body = pod_spec(spec, name, ordinal, default_image)
+def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, image: str, pod_name_: str = "") -> dict:
+    """Replica `ordinal` under `pod_name_` (default `<name>-<ordinal>`), stamped with the spec's revision."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(name, ordinal),
+            "name": pod_name_ or pod_name(name, ordinal),
             "namespace": namespace,
             "labels": {**labels(name), ORDINAL_LABEL: str(ordinal)},
-            "annotations": {HASH_ANNOTATION: spec_hash(body)},
+            "annotations": {HASH_ANNOTATION: revision(spec)},
         },
-        "spec": body,
+        "spec": pod_spec(spec, name, ordinal, image),
     }
 
 

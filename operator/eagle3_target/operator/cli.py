@@ -6,6 +6,8 @@ import argparse
 import importlib
 import os
 
+from .config import OperatorConfig, package_default_image
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     scope = p.add_mutually_exclusive_group()
@@ -26,29 +28,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--default-image",
-        default=os.environ.get("EAGLE3_TARGET_IMAGE"),
-        help="server image for targets whose spec.image is empty (env EAGLE3_TARGET_IMAGE)",
+        default=os.environ.get("EAGLE3_TARGET_IMAGE") or package_default_image(),
+        help="server image for targets whose spec.image is empty (env EAGLE3_TARGET_IMAGE; default %(default)s)",
     )
     p.add_argument(
         "--interval",
         type=float,
         default=float(os.environ.get("EAGLE3_TARGET_OPERATOR_INTERVAL", 10)),
-        help="seconds between re-checks of each target: healing and status (default 10)",
+        help="seconds between full re-checks of every target; events act at once (default 10)",
+    )
+    p.add_argument(
+        "--stuck-pod-grace",
+        type=float,
+        default=float(os.environ.get("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", 300)),
+        help="seconds a pod may stay terminating past its deadline before a replacement starts under a new "
+        "name (env EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE; default 300)",
+    )
+    p.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="act without holding the Lease (development only: two operators would fight)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default="",
+        help="namespace of the Lease; default: the operator's own (its service account's, or the kubeconfig's)",
+    )
+
+
+def config_from(args: argparse.Namespace) -> OperatorConfig:
+    return OperatorConfig(
+        default_image=args.default_image,
+        interval=args.interval,
+        stuck_pod_grace=args.stuck_pod_grace,
+        leader_election=args.leader_election,
+        lease_namespace=args.leader_election_namespace,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    # the timer interval is fixed when the handlers register, so it travels by environment
-    os.environ["EAGLE3_TARGET_OPERATOR_INTERVAL"] = str(args.interval)
-    if args.default_image:
-        os.environ["EAGLE3_TARGET_IMAGE"] = args.default_image
+    config = config_from(args)
     importlib.import_module("eagle3_target.operator.handlers")
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
-        standalone=True,  # one replica with a Recreate strategy: no peering objects needed
+        standalone=True,  # the Lease elects the one that acts; kopf's own peering would need two more CRDs
+        memo=kopf.Memo(config=config),
     )
     return 0

@@ -1,26 +1,65 @@
-"""kopf wiring: one level-based reconcile for create, resume, update and a timer; an index over target pods.
-Importing this module registers the handlers; set EAGLE3_TARGET_OPERATOR_INTERVAL before importing it to
-change how often every target is re-checked (heals deleted pods, advances rollouts, refreshes status)."""
+"""kopf wiring: events of targets and of their pods (watched through a label selector) drive one level-based
+reconcile; a resync loop re-checks every target each `interval`. No handler needs a finalizer: deleting a
+target never waits for the operator, the garbage collector follows the children's owner references. Only
+the leader (a coordination.k8s.io Lease) writes anything. Importing this module registers the handlers; the
+settings arrive in kopf's memo (`memo.config`, an OperatorConfig) at startup."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import logging
 import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+import kr8s
 import kr8s.asyncio
 
 from . import GROUP, PLURAL, VERSION, builders
+from .config import OperatorConfig
 from .kube import Children
+from .leader import AlwaysLeader, LeaseElector
 from .spec import InvalidSpec, TargetSpec
-from .status import PodState, compute_status, plan
+from .status import Observed, PodState, Rollout, compute_status, plan
 
-INTERVAL = float(os.environ.get("EAGLE3_TARGET_OPERATOR_INTERVAL", "10"))
-DEFAULT_IMAGE = "ghcr.io/eagle3-target/eagle3-target:0.1.0"
+LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
+POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
+EXPECTATION_TTL = 60.0  # seconds to trust our own creates/deletes over a watch that has not shown them yet
+ANNOUNCED = ("InvalidSpec", "FailedCreate")  # Degraded reasons that also become a Warning Event
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tracked:
+    """One target as last seen, its lock, and the pod writes the watch has not reflected yet (so that two
+    quick passes never act twice on one gap: controller-runtime calls these expectations)."""
+
+    body: dict
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    created: dict[str, tuple[PodState, float]] = field(default_factory=dict)
+    deleted: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, indexed: list[PodState], now: float) -> list[PodState]:
+        seen = {p.name: p for p in indexed}
+        self.created = {
+            n: c for n, c in self.created.items() if n not in seen and now - c[1] < EXPECTATION_TTL
+        }
+        self.deleted = {
+            n: t
+            for n, t in self.deleted.items()
+            if n in seen and not seen[n].terminating and now - t < EXPECTATION_TTL
+        }
+        leaving = {n: builders.TERMINATION_GRACE_SECONDS + t for n, t in self.deleted.items()}
+        pods = [
+            dataclasses.replace(p, terminating=True, deadline=leaving[p.name]) if p.name in leaving else p
+            for p in indexed
+        ]
+        return pods + [state for state, _ in self.created.values()]
 
 
 @kopf.on.login()
@@ -30,24 +69,66 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # kopf's bookkeeping lives in annotations under our group, so the status stays exactly our schema
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
-    settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, target_pods: kopf.Index, **_: Any
+) -> None:
+    config = memo.setdefault("config", OperatorConfig())
     settings.posting.level = logging.WARNING  # only problems become Events, besides our own
-    memo.setdefault("default_image", os.environ.get("EAGLE3_TARGET_IMAGE", DEFAULT_IMAGE))
-    memo.locks = {}
-    memo.children = Children(await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG")))
+    # list and watch only the operator's pods, not every pod of the cluster
+    settings.watching.label_selectors["v1", "pods"] = f"app.kubernetes.io/managed-by={builders.MANAGER}"
+    api = await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG"))
+    memo.children = Children(api)
+    memo.targets = {}
+    memo.leader = (
+        LeaseElector(api, config, config.lease_namespace or api.namespace)
+        if config.leader_election
+        else AlwaysLeader()
+    )
+    memo.tasks = [asyncio.create_task(memo.leader.run()), asyncio.create_task(_resync(memo, target_pods))]
 
 
-@kopf.index(
-    "pods", labels={"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
-)
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.tasks:
+        task.cancel()
+    await asyncio.gather(*memo.tasks, return_exceptions=True)
+    await memo.leader.release()
+
+
+@kopf.index("pods", labels=POD_LABELS)
 def target_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[builders.TARGET_LABEL]): PodState.from_pod(dict(body))}
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def on_target(event: dict, body: kopf.Body, memo: kopf.Memo, target_pods: kopf.Index, **_: Any) -> None:
+    key = (body.metadata.namespace, body.metadata.name)
+    if event.get("type") == "DELETED":
+        memo.targets.pop(key, None)  # its lock and expectations go with it
+        return
+    tracked = memo.targets.setdefault(key, Tracked(body={}))
+    tracked.body = copy.deepcopy(dict(body))
+    await reconcile(tracked, memo, target_pods, full=True)
+
+
+@kopf.on.event("pods", labels=POD_LABELS)
+async def on_pod(namespace: str, labels: dict, memo: kopf.Memo, target_pods: kopf.Index, **_: Any) -> None:
+    """Readiness, phase and deletion of a pod move its target on at once (the children are left to the
+    target's own events and the resync)."""
+    tracked = memo.targets.get((namespace, labels[builders.TARGET_LABEL]))
+    if tracked is not None:
+        await reconcile(tracked, memo, target_pods, full=False)
+
+
+async def _resync(memo: kopf.Memo, index: kopf.Index) -> None:
+    """Heal what no event announces (a deleted Service, an expired stuck-pod grace, a passed deadline)."""
+    while True:
+        await asyncio.sleep(memo.config.interval)
+        for tracked in list(memo.targets.values()):
+            try:
+                await reconcile(tracked, memo, index, full=True)
+            except Exception:  # one target's failure must not stop the others' resyncs
+                log.exception("resync of %s failed", tracked.body.get("metadata", {}).get("name"))
 
 
 def _desired_replicas(spec: dict, pods: list[PodState]) -> int:
@@ -55,89 +136,96 @@ def _desired_replicas(spec: dict, pods: list[PodState]) -> int:
     return replicas if isinstance(replicas, int) and replicas >= 0 else len(pods)
 
 
-async def reconcile(
-    *,
-    name: str,
-    namespace: str,
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    status: kopf.Status,
-    body: kopf.Body,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    target_pods: kopf.Index,
-    **_: Any,
-) -> None:
-    lock = memo.locks.setdefault((namespace, name), asyncio.Lock())
-    async with lock:  # the timer and the change handlers run concurrently for one object
-        pods = list(target_pods.get((namespace, name), []))
+async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, full: bool) -> None:
+    async with tracked.lock:  # events and the resync run concurrently for one target
+        if not memo.leader.is_leader:
+            return
+        body = tracked.body
+        meta, spec, previous = body["metadata"], body.get("spec") or {}, dict(body.get("status") or {})
+        name, namespace = meta["name"], meta["namespace"]
+        if meta.get("deletionTimestamp"):
+            return  # the garbage collector removes the children
+        if LEGACY_FINALIZER in (meta.get("finalizers") or []):
+            await memo.children.drop_finalizer(name, namespace, meta["finalizers"], LEGACY_FINALIZER)
+        now = time.time()
         try:
             target = TargetSpec.parse(dict(spec))
-            problems = target.problems()
+            problems = builders.name_problems(name) + target.problems()
         except InvalidSpec as e:
             target, problems = None, [str(e)]
 
-        hashes: dict[int, str] = {}
+        pods = tracked.observe(list(index.get((namespace, name), [])), now)
+        rollout, image, create_errors = Rollout(_desired_replicas(spec, pods), ""), "", []
         if target is not None and not problems:
-            hashes = {
-                i: builders.spec_hash(builders.pod_spec(target, name, i, memo.default_image))
-                for i in range(target.replicas)
-            }
-            await _apply(target, name, namespace, body, pods, hashes, memo)
+            revision = builders.revision(target)
+            # the image resolves once per revision: a new operator default waits for the next spec change
+            same = previous.get("revision") == revision and previous.get("image")
+            image = previous["image"] if same else target.image or memo.config.image
+            surge, unavailable = target.surge_and_unavailable()
+            rollout = Rollout(target.replicas, revision, surge, unavailable, target.partition)
+            create_errors = await _apply(target, tracked, pods, rollout, image, memo, full=full, now=now)
+            pods = tracked.observe(list(index.get((namespace, name), [])), now)
 
-        replicas = target.replicas if target is not None else _desired_replicas(dict(spec), pods)
-        previous = dict(status)
-        new_status = compute_status(
+        observed = Observed(
+            rollout=rollout,
+            problems=problems,
+            create_errors=create_errors,
+            progress_deadline=target.progress_deadline_seconds if target else 1800,
+            generation=meta.get("generation"),
+        )
+        status = compute_status(
             name=name,
             pods=pods,
-            replicas=replicas,
-            hashes=hashes,
-            problems=problems,
-            generation=meta.get("generation"),
+            observed=observed,
             selector=builders.selector_string(name),
             previous=previous,
+            image=image,
+            at=now,
         )
-        for key, value in new_status.items():
-            if previous.get(key) != value:
-                patch.status[key] = value
-        _announce_invalid(body, previous, problems)
+        changed = {key: value for key, value in status.items() if previous.get(key) != value}
+        if changed:
+            tracked.body = await memo.children.patch_status(name, namespace, changed)
+        await _announce(memo.children, body, previous, status)
 
 
-async def _apply(target, name, namespace, body, pods, hashes, memo) -> None:
-    for child in builders.children(target, name, namespace):
-        kopf.append_owner_reference(child, owner=body)
-        if await memo.children.ensure(child) != "unchanged":
-            log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])
-    step = plan(pods, target.replicas, hashes)
+async def _apply(target, tracked, pods, rollout, image, memo, *, full: bool, now: float) -> list[str]:
+    """Children, then this pass's pod deletions and creations; returns the creations the API refused."""
+    body = tracked.body
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    if full:
+        for child in builders.children(target, name, namespace):
+            kopf.append_owner_reference(child, owner=body)
+            if await memo.children.ensure(child) != "unchanged":
+                log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])
+    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace)
     for pod_name in step.delete:
         if await memo.children.delete_pod(pod_name, namespace):
-            kopf.event(body, type="Normal", reason="DeletedPod", message=f"deleted pod {pod_name}")
-    for ordinal in step.create:
-        pod = builders.pod(target, name, namespace, ordinal, memo.default_image)
+            tracked.deleted[pod_name] = now
+            await memo.children.post_event(body, "Normal", "DeletedPod", f"deleted pod {pod_name}")
+    errors = []
+    for ordinal, pod_name in step.create:
+        pod = builders.pod(target, name, namespace, ordinal, image, pod_name)
         kopf.append_owner_reference(pod, owner=body)
-        if await memo.children.create_pod(pod):
-            kopf.event(
-                body, type="Normal", reason="CreatedPod", message=f"created pod {pod['metadata']['name']}"
-            )
+        try:
+            created = await memo.children.create_pod(pod)
+        except kr8s.ServerError as e:  # e.g. 403 from Pod Security admission, 422: the other ordinals go on
+            errors.append(f"pod {pod_name}: {e}")
+            continue
+        if created is not None:
+            tracked.created[pod_name] = (PodState.from_pod(created), now)
+            await memo.children.post_event(body, "Normal", "CreatedPod", f"created pod {pod_name}")
+    return errors
 
 
-def _announce_invalid(body: kopf.Body, previous: dict, problems: list[str]) -> None:
-    """One Warning event per distinct problem set, not one per timer tick."""
-    if not problems:
-        return
-    message = "; ".join(problems)
-    before = next((c for c in previous.get("conditions") or [] if c.get("type") == "Degraded"), {})
-    if before.get("reason") != "InvalidSpec" or before.get("message") != message:
-        kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+async def _announce(children: Children, body: dict, previous: dict, status: dict) -> None:
+    """A Warning Event for an invalid spec or refused pods: one per distinct message, not one per pass."""
 
+    def degraded(block: dict) -> dict:
+        return next((c for c in block.get("conditions") or [] if c.get("type") == "Degraded"), {})
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-async def on_change(**kwargs: Any) -> None:
-    await reconcile(**kwargs)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=INTERVAL)
-async def on_timer(**kwargs: Any) -> None:
-    await reconcile(**kwargs)
+    now, before = degraded(status), degraded(previous)
+    if now.get("reason") in ANNOUNCED and (now.get("reason"), now.get("message")) != (
+        before.get("reason"),
+        before.get("message"),
+    ):
+        await children.post_event(body, "Warning", now["reason"], now["message"])

@@ -1,15 +1,20 @@
-"""The few writes the operator makes to its children, through kr8s (async, plain dicts): create-or-patch for
-Services and ConfigMaps, create and delete for pods. A create that finds the object already there (409) and
-a delete that finds it gone (404) are reported, not raised; any other API error is raised to the handler."""
+"""The few writes the operator makes, through kr8s (async, plain dicts): create-or-patch for Services and
+ConfigMaps, create and delete for pods, a target's status, finalizers and Events. A create that finds the
+object already there (409) and a delete that finds it gone (404) are reported, not raised; any other API
+error is raised to the caller."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import kr8s
 import kr8s.asyncio
-from kr8s.asyncio.objects import ConfigMap, Pod, Service
+from kr8s.asyncio.objects import ConfigMap, Event, Pod, Service, new_class
 
+from . import GROUP, KIND, PLURAL, VERSION
+
+Target = new_class(KIND, f"{GROUP}/{VERSION}", namespaced=True, plural=PLURAL)
 KINDS = {"Pod": Pod, "Service": Service, "ConfigMap": ConfigMap}
 
 
@@ -54,14 +59,17 @@ class Children:
         await current.patch({k: v for k, v in body.items() if k not in ("apiVersion", "kind")})
         return "patched"
 
-    async def create_pod(self, body: dict) -> bool:
+    async def create_pod(self, body: dict) -> dict | None:
+        """The created pod, or None if one of that name exists; other refusals (403 from admission, 422)
+        raise kr8s.ServerError, whose message is the API server's."""
+        pod = self._object(body)
         try:
-            await self._object(body).create()
+            await pod.create()
         except kr8s.ServerError as e:
             if _status_code(e) == 409:  # still there (e.g. terminating): the next pass tries again
-                return False
+                return None
             raise
-        return True
+        return pod.raw
 
     async def delete_pod(self, name: str, namespace: str) -> bool:
         try:
@@ -69,3 +77,44 @@ class Children:
         except kr8s.NotFoundError:
             return False
         return True
+
+    async def patch_status(self, name: str, namespace: str, status: dict) -> dict:
+        target = Target({"metadata": {"name": name, "namespace": namespace}}, api=self.api)
+        await target.patch({"status": status}, subresource="status")
+        return target.raw
+
+    async def drop_finalizer(self, name: str, namespace: str, finalizers: list[str], finalizer: str) -> None:
+        """Remove one finalizer; the `test` makes it fail (422) rather than drop someone else's added meanwhile."""
+        target = Target({"metadata": {"name": name, "namespace": namespace}}, api=self.api)
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {
+                "op": "replace",
+                "path": "/metadata/finalizers",
+                "value": [f for f in finalizers if f != finalizer],
+            },
+        ]
+        await target.patch(patch, type="json")
+
+    async def post_event(self, body: dict, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the target (what `kubectl describe e3t` shows)."""
+        meta = body["metadata"]
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "eagle3-target-operator"},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await Event(event, api=self.api).create()

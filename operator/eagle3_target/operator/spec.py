@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
+ROLLOUT_FIELDS = frozenset(
+    {"replicas", "max_surge", "max_unavailable", "partition", "progress_deadline_seconds"}
+)
+
 
 class InvalidSpec(ValueError):
     """The spec cannot be reconciled; the message says why."""
@@ -76,6 +81,10 @@ class TargetSpec:
     auth_secret_name: str | None = None
     auth_secret_key: str = "token"
     service_account_name: str | None = None
+    max_surge: int | str = 0  # GPUs are scarce: no extra pod during a rollout unless asked
+    max_unavailable: int | str = 1
+    partition: int = 0
+    progress_deadline_seconds: int = 1800  # model loads are slow
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -96,6 +105,7 @@ class TargetSpec:
         nccl = ports.get("nccl") or {}
         probes = spec.get("probes") or {}
         secret = spec.get("authTokenSecret")
+        strategy = spec.get("updateStrategy") or {}
         aux = spec.get("auxLayerIds")
         return cls(
             model=model,
@@ -125,6 +135,17 @@ class TargetSpec:
             auth_secret_name=secret["name"] if secret else None,
             auth_secret_key=(secret or {}).get("key", "token"),
             service_account_name=spec.get("serviceAccountName") or None,
+            max_surge=_int_or_percent(strategy.get("maxSurge", 0)),
+            max_unavailable=_int_or_percent(strategy.get("maxUnavailable", 1)),
+            partition=int(strategy.get("partition", 0)),
+            progress_deadline_seconds=int(spec.get("progressDeadlineSeconds", 1800)),
+        )
+
+    def surge_and_unavailable(self) -> tuple[int, int]:
+        """Deployment's arithmetic: a percentage of replicas, surge rounded up, unavailable rounded down."""
+        return (
+            _scaled(self.max_surge, self.replicas, round_up=True),
+            _scaled(self.max_unavailable, self.replicas, round_up=False),
         )
 
     def ports_for(self, ordinal: int) -> PortLayout:
@@ -155,10 +176,27 @@ class TargetSpec:
             if any(i < 0 for i in self.aux_layer_ids):
                 errors.append("auxLayerIds must not be negative")
         errors += self._port_problems()
+        errors += self._strategy_problems()
         if self.model_volume is not None:
             sources = [k for k in ("persistentVolumeClaim", "volumeSource") if self.model_volume.get(k)]
             if len(sources) != 1:
                 errors.append("modelVolume needs exactly one of persistentVolumeClaim and volumeSource")
+        return errors
+
+    def _strategy_problems(self) -> list[str]:
+        errors = [
+            f"updateStrategy.{key} {value!r} is neither a non-negative integer nor a percentage like '25%'"
+            for key, value in (("maxSurge", self.max_surge), ("maxUnavailable", self.max_unavailable))
+            if not _valid_int_or_percent(value)
+        ]
+        if not errors and self.surge_and_unavailable() == (0, 0) and self.replicas > 0:
+            errors.append(
+                "updateStrategy: maxSurge and maxUnavailable must not both be 0 (no rollout could start)"
+            )
+        if self.partition < 0:
+            errors.append("updateStrategy.partition must not be negative")
+        if self.progress_deadline_seconds < 1:
+            errors.append("progressDeadlineSeconds must be at least 1")
         return errors
 
     def _port_problems(self) -> list[str]:
@@ -182,3 +220,22 @@ class TargetSpec:
                 f"HTTP ports {self.http_port}-{last.http} overlap the NCCL range {self.nccl_start}-{self.nccl_end}"
             )
         return errors
+
+
+def _int_or_percent(value: Any) -> int | str:
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else str(value)
+
+
+def _valid_int_or_percent(value: int | str) -> bool:
+    if isinstance(value, int):
+        return value >= 0
+    return value.endswith("%") and value[:-1].isdigit()
+
+
+def _scaled(value: int | str, replicas: int, *, round_up: bool) -> int:
+    if isinstance(value, int):
+        return value
+    if not _valid_int_or_percent(value):
+        return 0
+    share = int(value[:-1]) * replicas
+    return -(-share // 100) if round_up else share // 100
