@@ -73,8 +73,8 @@ def run_batches(args) -> None:
             json.dumps(
                 {
                     "ok": ok,
-                    "transfers": conn.p2p.transfers,
-                    "fallbacks": conn.p2p.fallbacks,
+                    "transfers": conn.p2p.transfers if conn.p2p else 0,
+                    "fallbacks": conn.p2p.fallbacks if conn.p2p else 0,
                     "session": backend.session_id,
                 }
             ),
@@ -86,12 +86,13 @@ async def stall(args) -> None:
     async with aiohttp.ClientSession() as http:
         conn = ServerConnection(args.url, http, "staller", timeout=args.timeout)
         await conn.set_vocab_mapping(wire.encode(dict(zip(spec.VOCAB_KEYS, draft_vocab(), strict=False))))
+        conn.info = await conn.model_info()
         channel = P2PChannel("p2p", timeout=args.timeout)
         group = await channel._group(conn)
         ids, mask, loss = make_batch(7, args.batch, args.seq)
         request = wire.encode({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
         headers = {spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: "0"}
-        _, payload = await conn._post(spec.GENERATE, request, headers=headers)
+        _, payload = await conn.post(spec.GENERATE, request, headers=headers)
         metadata = spec.decode_metadata(payload)
         first = next(iter(metadata))
         group.recv({first: metadata[first]}, 0, args.timeout)  # the server is still sending the rest

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from eagle3_target.protocol import wire
-from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS, SUPERVISION_KEYS
+from eagle3_target.protocol import encodings, wire
+from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS
 
+from .connection import Reply
 from .dispatch import PoolOptions, TargetPool
 from .endpoints import EndpointResolver, default_spec, default_token, make_resolver, parse_specs
 
@@ -43,10 +44,17 @@ class TargetBatch:
 class BatchHandle:
     """A pending batch: ``result()`` blocks until the supervision is on the caller's device."""
 
-    def __init__(self, future: concurrent.futures.Future, attention_mask: torch.Tensor, device: torch.device):
+    def __init__(
+        self,
+        future: concurrent.futures.Future,
+        inputs: dict[str, torch.Tensor],
+        device: torch.device,
+        on_device: _DeviceCache,
+    ):
         self._future = future
-        self._attention_mask = attention_mask
+        self._inputs = inputs
         self._device = device
+        self._on_device = on_device
 
     def done(self) -> bool:
         return self._future.done()
@@ -55,13 +63,30 @@ class BatchHandle:
         return self._future.cancel()
 
     def result(self, timeout: float | None = None) -> TargetBatch:
-        tensors = self._future.result(timeout)
-        missing = [k for k in SUPERVISION_KEYS if tensors.get(k) is None]
-        if missing:
-            raise wire.WireError(f"/generate response lacks {missing}")
-        moved = {k: tensors[k].to(self._device, non_blocking=True) for k in SUPERVISION_KEYS}
-        moved["position_mask"] = moved["position_mask"].bool()
-        return TargetBatch(attention_mask=self._attention_mask.to(self._device), **moved)
+        """Decode the (already checked) reply on the caller's device: for "logits" the same ops, in the
+        same dtype, as the server runs for "nemo", so the batch is bit-identical on the same device."""
+        reply: Reply = self._future.result(timeout)
+        tensors = {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
+        inputs = {k: v.to(self._device) for k, v in self._inputs.items()}
+        rows = None if reply.head_rows is None else self._on_device(reply.head_rows, self._device)
+        supervision = encodings.decode(
+            reply.encoding, tensors, inputs["input_ids"], inputs["loss_mask"], rows
+        )
+        return TargetBatch(attention_mask=inputs["attention_mask"], **supervision)
+
+
+class _DeviceCache:
+    """The device copy of the last host tensor asked for: the lm_head rows cross once per mapping."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._last: tuple[torch.Tensor, torch.device, torch.Tensor] | None = None
+
+    def __call__(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        with self._lock:
+            if self._last is None or self._last[0] is not tensor or self._last[1] != device:
+                self._last = (tensor, device, tensor.to(device))
+            return self._last[2]
 
 
 class RemoteTargetBackend:
@@ -89,6 +114,8 @@ class RemoteTargetBackend:
         self.session_id = str(uuid.uuid4())  # one per backend: the servers keep our vocab mapping under it
         self.device = torch.device(device) if device is not None else None
         self._embeddings: torch.nn.Embedding | None = None
+        self._draft_vocab = 0  # set by set_vocab_mapping; until then servers refuse /generate (409)
+        self._head_rows = _DeviceCache()
         self._closed = False
         self._pending: set[concurrent.futures.Future] = set()
         self._loop = asyncio.new_event_loop()
@@ -141,6 +168,7 @@ class RemoteTargetBackend:
             }
         )
         self._call(self.pool.set_vocab_mapping(blob))
+        self._draft_vocab = int(selected_token_ids.numel())
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
         """The target's frozen input embedding (fetched once, then cached)."""
@@ -155,10 +183,15 @@ class RemoteTargetBackend:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
     ) -> BatchHandle:
         """Submit one batch; the handle's ``result()`` returns its TargetBatch."""
-        inputs = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=False))
-        request = wire.encode({k: t.detach().to("cpu", torch.int64) for k, t in inputs.items()})
+        given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=True))
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
+        inputs = {k: t.detach().to("cpu", torch.int64) for k, t in given.items()}
+        batch, seq = inputs["input_ids"].shape
+        reply = self.pool.generate(wire.encode(inputs), batch, seq, self._draft_vocab)
+        inputs["attention_mask"] = attention_mask  # the caller's own, as NeMo returns it
         device = self.device or input_ids.device
-        return BatchHandle(self._submit(self.pool.generate(request)), attention_mask, device)
+        return BatchHandle(self._submit(reply), inputs, device, self._head_rows)
 
     def generate_batch(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor

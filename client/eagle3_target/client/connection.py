@@ -1,8 +1,10 @@
 """One target server as the client sees it: its HTTP calls under our session id.
 
 Every method is a coroutine on the client's event loop. The data path of
-/generate lives in ``generate`` alone, so a second path (point-to-point
-tensors) can be chosen there per server without touching dispatch.
+/generate lives in ``generate`` alone: it asks for the encoding negotiated at
+join, takes the point-to-point channel when one is attached, and checks that the
+reply is complete before returning, so an incomplete reply fails over like a
+dropped connection.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import torch
 
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import encodings, spec, wire
 
 # Failures that say "this server, now" rather than "this request": try another server.
 TRANSIENT_ERRORS = (
@@ -73,6 +76,15 @@ async def read_body(response: aiohttp.ClientResponse) -> bytearray:
     return body
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A checked /generate reply: the tensors of ``encoding`` (encodings.decode turns them into supervision)."""
+
+    encoding: str
+    tensors: dict[str, torch.Tensor]
+    head_rows: torch.Tensor | None = None  # the draft vocabulary's lm_head rows, for "hidden"
+
+
 class ServerConnection:
     """HTTP calls to one server, all under one session id (the server keeps our vocab mapping per session)."""
 
@@ -92,12 +104,14 @@ class ServerConnection:
         if auth_token:
             self.headers["Authorization"] = f"Bearer {auth_token}"
         self.vocab_blob: bytes | None = None  # re-sent when the server has lost our session
-        self.p2p = None  # a p2p.P2PChannel when the pool allows the point-to-point path
+        self.info: dict[str, Any] = {}  # /model_info, read once per join
+        self.encoding = encodings.NEMO  # negotiated at join
+        self.p2p = None  # a p2p.P2PChannel, attached at join when the point-to-point path is negotiated
 
     def __repr__(self) -> str:
         return f"ServerConnection({self.url})"
 
-    async def _post(
+    async def post(
         self,
         path: str,
         body: bytes = b"",
@@ -116,8 +130,8 @@ class ServerConnection:
                 raise _server_error(self.url, path, response.status, payload)
             return response, payload
 
-    async def _post_json(self, path: str, body: bytes = b"") -> dict[str, Any]:
-        _, payload = await self._post(path, body)
+    async def post_json(self, path: str, body: bytes = b"") -> dict[str, Any]:
+        _, payload = await self.post(path, body)
         return json.loads(payload)
 
     async def health(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
@@ -142,14 +156,24 @@ class ServerConnection:
                 return response.status, {}
 
     async def model_info(self) -> dict[str, Any]:
-        return await self._post_json(spec.MODEL_INFO)
+        return await self.post_json(spec.MODEL_INFO)
+
+    async def lm_head(self) -> torch.Tensor:
+        """The lm_head rows of our draft vocabulary [Vd, H] (our extension, for the "hidden" encoding)."""
+        _, payload = await self.post(
+            spec.LM_HEAD, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
+        )
+        weight = wire.decode(payload).get("weight")
+        if weight is None:
+            raise wire.WireError(f"{self.url}/{spec.LM_HEAD}: response has no 'weight'")
+        return weight
 
     async def heartbeat(self) -> None:
-        await self._post_json(spec.HEARTBEAT)
+        await self.post_json(spec.HEARTBEAT)
 
     async def input_embeddings(self) -> torch.Tensor:
         # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
-        _, payload = await self._post(
+        _, payload = await self.post(
             spec.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
         )
         weight = wire.decode(payload).get("weight")
@@ -163,30 +187,39 @@ class ServerConnection:
             self.vocab_blob = blob
         if self.vocab_blob is None:
             raise RuntimeError("set_vocab_mapping has not been called")
-        await self._post_json(spec.SET_VOCAB_MAPPING, self.vocab_blob)
+        await self.post_json(spec.SET_VOCAB_MAPPING, self.vocab_blob)
 
-    async def generate(self, request: bytes) -> dict[str, torch.Tensor | None]:
-        """One wire /generate: the encoded inputs in, decoded supervision tensors (viewing one buffer) out.
+    async def generate(self, request: bytes, batch: int, seq: int, draft_vocab: int) -> Reply:
+        """One /generate of a [batch, seq] request: the reply in our encoding, checked complete.
 
         A 409 no_vocab_mapping means the server lost our session (restart or expiry): the
         mapping is re-sent and the request repeated once, which is safe since /generate is idempotent.
         """
-        if self.p2p is not None:
-            tensors = await self.p2p.generate(self, request)
-            if tensors is not None:
-                return tensors
-        try:
-            response, payload = await self._post(spec.GENERATE, request)
-        except ServerError as exc:
-            if exc.status != 409 or exc.error != "no_vocab_mapping" or self.vocab_blob is None:
-                raise
-            await self.set_vocab_mapping()
-            response, payload = await self._post(spec.GENERATE, request)
-        return wire.decode(payload)
+        headers = {} if self.encoding == encodings.NEMO else {spec.ENCODING_HEADER: self.encoding}
+        answer = None if self.p2p is None else await self.p2p.generate(self, request, headers)
+        if answer is None:
+            try:
+                response, payload = await self.post(spec.GENERATE, request, headers=headers)
+            except ServerError as exc:
+                if exc.status != 409 or exc.error != "no_vocab_mapping" or self.vocab_blob is None:
+                    raise
+                await self.set_vocab_mapping()
+                response, payload = await self.post(spec.GENERATE, request, headers=headers)
+            answer = response.headers, wire.decode(payload)
+        reply_headers, tensors = answer
+        sent = reply_headers.get(spec.ENCODING_HEADER, encodings.NEMO)
+        if sent != self.encoding:
+            raise wire.WireError(f"{self.url}: asked for encoding {self.encoding!r}, the reply is {sent!r}")
+        dtype = getattr(torch, str(self.info.get("dtype")), None)
+        dtype = dtype if isinstance(dtype, torch.dtype) else None  # a stock NeMo server names none
+        hidden_size = int(self.info.get("hidden_size", 0))
+        want = encodings.expected(self.encoding, batch, seq, hidden_size, draft_vocab, dtype)
+        encodings.check(tensors, want)
+        return Reply(self.encoding, {k: tensors[k] for k in want})
 
     async def disconnect(self) -> None:
         """End our session only; the server keeps running for its other clients."""
-        await self._post_json(spec.DISCONNECT, b"{}")
+        await self.post_json(spec.DISCONNECT, b"{}")
 
 
 def _server_error(url: str, path: str, status: int, payload: bytes) -> ServerError:

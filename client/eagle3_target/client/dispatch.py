@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -19,10 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
+import torch
 
-from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
+from eagle3_target.protocol import encodings
+
+from .connection import TRANSIENT_ERRORS, Reply, ServerConnection, ServerError
 from .endpoints import DNS_ERRORS, EndpointResolver
-from .p2p import DATA_PATHS, P2PChannel
+from .p2p import DATA_PATHS, P2PChannel, P2PUnavailable, offered_backend
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,8 +60,12 @@ class PoolOptions:
     # to another server: a stopped process or wedged GPU keeps its socket open, so only time tells.
     hedge_after: float = 10.0
     hedge_p99_factor: float = 5.0
+    # "auto": per server, "logits" when offered, else "nemo" (both exact, so a mixed fleet agrees bit for bit)
+    encoding: str = encodings.AUTO
 
     def __post_init__(self):
+        if self.encoding not in encodings.CHOICES:
+            raise ValueError(f"unknown encoding {self.encoding!r}; choose {', '.join(encodings.CHOICES)}")
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"unknown data path {self.data_path!r}; choose {', '.join(DATA_PATHS)}")
         if self.policy not in POLICIES:
@@ -74,6 +82,7 @@ class Member:
     last_error: str = ""
     refusal: BaseException | None = None
     tasks: set[asyncio.Task] = field(default_factory=set)
+    probed_info: dict[str, Any] | None = None  # /model_info read before the first join, used by it
 
     @property
     def url(self) -> str:
@@ -112,6 +121,8 @@ class TargetPool:
         self.reference: dict[str, Any] | None = None  # model_info every member must match
         self.refused: dict[str, str] = {}  # url -> why
         self.vocab_blob: bytes | None = None
+        self._head_rows: tuple[bytes, torch.Tensor] | None = None  # (vocab blob, its lm_head rows)
+        self._head_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
         self._resolve_now = asyncio.Event()
         self._turn = 0
@@ -130,9 +141,9 @@ class TargetPool:
         # trust_env=False: proxy variables in a trainer pod must not capture target traffic.
         self._http = aiohttp.ClientSession(trust_env=False, connector=aiohttp.TCPConnector(limit=0))
         urls = await self.resolver.resolve_until(deadline)
-        await self._check_initial_models(urls)
+        infos = await self._check_initial_models(urls)
         for url in urls:
-            self._add(url)
+            self._add(url, infos.get(url))
         self._spawn(self._refresh_loop())
         async with self._changed:
             while not self.healthy():
@@ -159,15 +170,16 @@ class TargetPool:
                     break
         return len(self.healthy())
 
-    async def _check_initial_models(self, urls: list[str]) -> None:
-        """Refuse a mixed fleet up front rather than admitting whichever server answers first."""
+    async def _check_initial_models(self, urls: list[str]) -> dict[str, dict[str, Any]]:
+        """Refuse a mixed fleet up front rather than admitting whichever server answers first.
+        Returns the answers, which the first join of each server uses instead of asking again."""
         probe = aiohttp.ClientTimeout(total=min(10.0, self.options.request_timeout))
         infos = await asyncio.gather(
             *(self._connection(url, probe).model_info() for url in urls), return_exceptions=True
         )
         answered = {url: info for url, info in zip(urls, infos, strict=False) if isinstance(info, dict)}
         if not answered:
-            return  # none ready yet: the join tasks will set the reference
+            return {}  # none ready yet: the join tasks will set the reference
         groups: dict[str, list[str]] = {}
         for url, info in answered.items():
             groups.setdefault(describe_model(info), []).append(url)
@@ -175,6 +187,7 @@ class TargetPool:
             lines = "; ".join(f"{', '.join(servers)} serve {model}" for model, servers in groups.items())
             raise ModelMismatchError(f"target servers disagree on the model: {lines}")
         self.reference = next(iter(answered.values()))
+        return answered
 
     async def close(self) -> None:
         """Stop background work and end our sessions (only ours: the servers keep running)."""
@@ -204,8 +217,22 @@ class TargetPool:
 
     # -- the calls callers make ------------------------------------------------------------
 
-    async def generate(self, request: bytes):
-        return await self.with_failover(lambda conn: conn.generate(request), what="/generate", hedge=True)
+    async def generate(self, request: bytes, batch: int, seq: int, draft_vocab: int) -> Reply:
+        async def call(conn: ServerConnection) -> Reply:
+            reply = await conn.generate(request, batch, seq, draft_vocab)
+            if reply.encoding == encodings.HIDDEN:
+                reply = dataclasses.replace(reply, head_rows=await self._lm_head(conn))
+            return reply
+
+        return await self.with_failover(call, what="/generate", hedge=True)
+
+    async def _lm_head(self, conn: ServerConnection) -> torch.Tensor:
+        """The lm_head rows of the current draft vocabulary: fetched once per mapping, from ``conn``."""
+        async with self._head_lock:
+            blob = conn.vocab_blob
+            if self._head_rows is None or self._head_rows[0] is not blob:
+                self._head_rows = (blob, await conn.lm_head())
+            return self._head_rows[1]
 
     async def input_embeddings(self):
         return await self.with_failover(lambda conn: conn.input_embeddings(), what="/input_embeddings")
@@ -391,11 +418,10 @@ class TargetPool:
         if timeout is not None:
             conn.timeout = timeout
         conn.vocab_blob = self.vocab_blob
-        conn.p2p = P2PChannel(self.options.data_path, timeout=self.options.request_timeout)
         return conn
 
-    def _add(self, url: str) -> None:
-        member = self.members[url] = Member(self._connection(url))
+    def _add(self, url: str, info: dict[str, Any] | None = None) -> None:
+        member = self.members[url] = Member(self._connection(url), probed_info=info)
         self._start_member_task(member, self._join(member))
 
     def _start_member_task(self, member: Member, coro) -> None:
@@ -419,7 +445,7 @@ class TargetPool:
             try:
                 await self._admit(member)
                 return
-            except (ModelMismatchError, ServerError) as exc:
+            except (ModelMismatchError, encodings.EncodingError, ServerError) as exc:
                 if isinstance(exc, ServerError) and exc.retryable:
                     member.last_error = _short(exc)
                 else:  # another model, or a 4xx such as a wrong token: waiting will not help
@@ -438,7 +464,7 @@ class TargetPool:
         status, body = await member.conn.health()
         if status != 200:
             raise ServerError(member.url, "health", status, str(body.get("status", "not_ready")), "not ready")
-        info = await member.conn.model_info()
+        info, member.probed_info = member.probed_info or await member.conn.model_info(), None
         if self.reference is None:
             self.reference = info
         diff = model_difference(self.reference, info)
@@ -447,6 +473,9 @@ class TargetPool:
                 f"{k}: {theirs!r} (pool has {ours!r})" for k, (ours, theirs) in sorted(diff.items())
             )
             raise ModelMismatchError(f"{member.url} serves a different target: {detail}")
+        member.conn.info = info
+        member.conn.encoding = encodings.choose(self.options.encoding, encodings.offered(info), member.url)
+        self._attach_p2p(member.conn)
         while member.conn.vocab_blob is not None:
             sent = member.conn.vocab_blob
             await member.conn.set_vocab_mapping()
@@ -458,6 +487,20 @@ class TargetPool:
             log.info("%s is healthy", member.url)
             self._start_member_task(member, self._heartbeats(member))
             self._notify()
+
+    def _attach_p2p(self, conn: ServerConnection) -> None:
+        """A point-to-point channel where the data path and the server's offer allow one."""
+        mode = self.options.data_path
+        try:
+            offered_backend(conn.info, mode)
+        except P2PUnavailable as exc:
+            if mode != "p2p":  # "p2p" keeps the channel, which then fails loudly
+                if conn.p2p is not None:
+                    conn.p2p.reset(str(exc))
+                conn.p2p = None
+                return
+        if conn.p2p is None:
+            conn.p2p = P2PChannel(mode, timeout=self.options.request_timeout)
 
     async def _heartbeats(self, member: Member) -> None:
         """Keep our session alive on the server; a failed heartbeat quarantines the server."""

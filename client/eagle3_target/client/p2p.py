@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -22,12 +23,27 @@ from eagle3_target.protocol.transport import GLOO, NCCL, PeerGroup, TransferErro
 from .connection import ServerConnection, ServerError
 
 log = logging.getLogger(__name__)
+Answer = tuple[Mapping[str, str], dict[str, torch.Tensor | None]]  # reply headers, tensors
 
 DATA_PATHS = ("auto", "wire", "p2p")
 
 
 class P2PUnavailable(RuntimeError):
     """--data-path p2p was asked for and this server cannot give it."""
+
+
+def offered_backend(model_info: Mapping, mode: str) -> str:
+    """The group backend to use with a server in ``mode``; P2PUnavailable says why there is none."""
+    offered = (model_info.get("p2p") or {}).get("backend")
+    if mode == "wire":
+        raise P2PUnavailable("the wire path was asked for")
+    if offered not in (GLOO, NCCL):
+        raise P2PUnavailable("the server offers no point-to-point path")
+    if offered == NCCL and not torch.cuda.is_available():
+        raise P2PUnavailable("the server offers NCCL and this process has no CUDA device")
+    if offered == GLOO and mode == "auto":
+        raise P2PUnavailable("the server offers gloo (CPU), which auto mode leaves to the wire")
+    return offered
 
 
 class P2PChannel:
@@ -43,21 +59,23 @@ class P2PChannel:
 
     # -- the hook ServerConnection.generate calls -----------------------------------------
 
-    async def generate(self, conn: ServerConnection, request: bytes) -> dict | None:
-        """Supervision for ``request``; None means "use the wire path" (the caller then does)."""
-        if self.mode == "wire":
-            return None
+    async def generate(
+        self, conn: ServerConnection, request: bytes, headers: dict[str, str]
+    ) -> Answer | None:
+        """The reply's headers and tensors for ``request``; None means "use the wire path" (the caller then does)."""
         async with self._lock:
-            return await self._generate(conn, request)
+            return await self._generate(conn, request, headers)
 
-    async def _generate(self, conn: ServerConnection, request: bytes) -> dict | None:
+    async def _generate(
+        self, conn: ServerConnection, request: bytes, headers: dict[str, str]
+    ) -> Answer | None:
         group = await self._group(conn)
         if group is None:
             return None
         seq = self.next_seq
-        headers = {spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)}
+        headers = {**headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)}
         try:
-            response, payload = await conn._post(spec.GENERATE, request, headers=headers)
+            response, payload = await conn.post(spec.GENERATE, request, headers=headers)
         except ServerError as exc:
             self.reset(f"/generate answered {exc.status}")  # our session (and its group) may be gone
             if exc.status == 409 and exc.error == "no_vocab_mapping":
@@ -68,7 +86,7 @@ class P2PChannel:
             raise
         if response.headers.get(spec.NCCL_HEADER) != "1":
             self.reset("the server answered over the wire")
-            return wire.decode(payload)
+            return response.headers, wire.decode(payload)
         try:
             if response.headers.get(spec.SEQUENCE_HEADER) != str(seq):
                 raise TransferError(
@@ -83,7 +101,7 @@ class P2PChannel:
             return None
         self.next_seq += 1
         self.transfers += 1
-        return tensors
+        return response.headers, tensors
 
     # -- group lifecycle -------------------------------------------------------------------
 
@@ -105,14 +123,8 @@ class P2PChannel:
         return self.group
 
     async def _build(self, conn: ServerConnection) -> PeerGroup:
-        offered = ((await conn.model_info()).get("p2p") or {}).get("backend")
-        if offered not in (GLOO, NCCL):
-            raise P2PUnavailable("the server offers no point-to-point path")
-        if offered == NCCL and not torch.cuda.is_available():
-            raise P2PUnavailable("the server offers NCCL and this process has no CUDA device")
-        if offered == GLOO and self.mode == "auto":
-            raise P2PUnavailable("the server offers gloo (CPU), which auto mode leaves to the wire")
-        reply = await conn._post_json(spec.INIT_NCCL, json.dumps({"backend": offered}).encode())
+        offered = offered_backend(conn.info, self.mode)
+        reply = await conn.post_json(spec.INIT_NCCL, json.dumps({"backend": offered}).encode())
         if reply.get("status") != "ok":
             raise P2PUnavailable(f"/init_nccl answered {reply}")
         device = f"cuda:{torch.cuda.current_device()}" if offered == NCCL else "cpu"

@@ -23,6 +23,7 @@ DISCONNECT = "disconnect"
 LIVEZ = "livez"
 READYZ = "readyz"
 METRICS = "metrics"
+LM_HEAD = "lm_head"  # the lm_head rows of the session's draft vocabulary, for the "hidden" encoding
 
 # The order in which supervision tensors are encoded and sent.
 SUPERVISION_KEYS = ("aux_hidden_states", "target_probs", "position_mask", "input_ids", "loss_mask")
@@ -35,6 +36,8 @@ NCCL_HEADER = "X-NeMo-NCCL"
 SESSION_HEADER = "X-Eagle3-Session"
 # Our extension: the transfer sequence number of a point-to-point /generate.
 SEQUENCE_HEADER = "X-Eagle3-Seq"
+# Our extension: the supervision encoding a /generate asks for and its reply carries (see encodings.py).
+ENCODING_HEADER = "X-Eagle3-Encoding"
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"
 

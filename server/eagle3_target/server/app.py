@@ -21,7 +21,7 @@ import torch
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from eagle3_target.protocol import spec
+from eagle3_target.protocol import encodings, spec
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.protocol.transport import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
@@ -103,6 +103,7 @@ class TargetServer:
                 web.post("/" + spec.INIT_NCCL, self.init_nccl, name=spec.INIT_NCCL),
                 web.post("/" + spec.GENERATE, self.generate, name=spec.GENERATE),
                 web.post("/" + spec.DISCONNECT, self.disconnect, name=spec.DISCONNECT),
+                web.post("/" + spec.LM_HEAD, self.lm_head, name=spec.LM_HEAD),
             ]
         )
         app.cleanup_ctx.append(self._background)
@@ -312,6 +313,15 @@ class TargetServer:
         session.vocab = vocab  # a forward already running keeps the mapping it was handed
         return web.json_response({"status": "ok"})
 
+    async def lm_head(self, request: web.Request) -> web.StreamResponse:
+        """Our extension: the lm_head rows of the session's draft vocabulary, for the "hidden" encoding."""
+        runner = self._ready_runner()
+        session = self._session(request)
+        _offered(runner, encodings.HIDDEN)
+        vocab = _vocab(session)
+        rows = await self._on_model_thread(lambda: runner.lm_head_rows(vocab.selected_token_ids).cpu())
+        return await self._stream_blob(request, EncodedBlob({"weight": rows}))
+
     async def init_nccl(self, request: web.Request) -> web.Response:
         runner = self._ready_runner()
         session = self._session(request)
@@ -333,32 +343,41 @@ class TargetServer:
         inputs = await asyncio.to_thread(
             parse_generate, body, runner.info.vocab_size, self.options.max_batch_tokens
         )
-        if session.vocab is None:
-            raise RequestError(409, "no_vocab_mapping", "call /set_vocab_mapping before /generate")
+        encoding = _offered(runner, request.headers.get(spec.ENCODING_HEADER, encodings.NEMO))
+        vocab = _vocab(session)
         timings["decode"] = time.perf_counter() - start
         async with self.dataplane.transfer(session, request.headers) as transfer:
             if transfer is not None:
-                return await self._generate_p2p(request, runner, inputs, session, transfer, timings)
+                return await self._generate_p2p(request, runner, inputs, session, transfer, timings, encoding)
         async with self._compute_lock:
-            supervision = await self._on_model_thread(_compute, runner, inputs, session.vocab, timings)
+            supervision = await self._on_model_thread(_compute, runner, inputs, vocab, encoding, timings)
         start = time.perf_counter()
         blob = EncodedBlob(supervision)
         timings["encode"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        response = await self._stream_blob(request, blob, {"Server-Timing": _server_timing(timings)})
+        headers = {"Server-Timing": _server_timing(timings), spec.ENCODING_HEADER: encoding}
+        response = await self._stream_blob(request, blob, headers)
         timings["send"] = time.perf_counter() - start
         self._record_generate(timings, inputs, "wire", blob.nbytes)
         return response
 
-    async def _generate_p2p(self, request, runner, inputs, session, transfer, timings) -> web.StreamResponse:
+    async def _generate_p2p(
+        self, request, runner, inputs, session, transfer, timings, encoding
+    ) -> web.StreamResponse:
         """Metadata in the HTTP response, flushed, then the tensors over the session's group."""
         async with self._compute_lock:
-            supervision = await self._on_model_thread(_compute, runner, inputs, session.vocab, timings, False)
+            supervision = await self._on_model_thread(
+                _compute, runner, inputs, _vocab(session), encoding, timings, False
+            )
         response = web.Response(
             body=spec.encode_metadata(supervision),
             content_type="application/json",
-            headers={**transfer.response_headers(), "Server-Timing": _server_timing(timings)},
+            headers={
+                **transfer.response_headers(),
+                "Server-Timing": _server_timing(timings),
+                spec.ENCODING_HEADER: encoding,
+            },
         )
         await response.prepare(request)
         await response.write_eof()  # the client must have the metadata before it can post its receives
@@ -405,6 +424,24 @@ def _error(status: int, error: str, detail: str, headers=None) -> web.Response:
     return web.json_response({"error": error, "detail": detail}, status=status, headers=keep)
 
 
+def _offered(runner: TargetRunner, encoding: str) -> str:
+    if encoding not in runner.info.encodings:
+        raise RequestError(
+            400,
+            "encoding_not_offered",
+            f"encoding {encoding!r} is not offered; this server offers {', '.join(runner.info.encodings)}",
+        )
+    return encoding
+
+
+def _vocab(session: Session) -> VocabMapping:
+    if session.vocab is None:
+        raise RequestError(
+            409, "no_vocab_mapping", "this session has no vocab mapping: call /set_vocab_mapping first"
+        )
+    return session.vocab
+
+
 def _warm_up(runner: TargetRunner) -> None:
     """One tiny forward and projection, so the first real request pays no lazy initialisation."""
     device = runner.info.device
@@ -414,17 +451,28 @@ def _warm_up(runner: TargetRunner) -> None:
 
 
 def _compute(
-    runner: TargetRunner, inputs: dict[str, torch.Tensor], vocab, timings: dict[str, float], to_host=True
+    runner: TargetRunner,
+    inputs: dict[str, torch.Tensor],
+    vocab: VocabMapping,
+    encoding: str,
+    timings: dict[str, float],
+    to_host=True,
 ):
-    """On the model thread: forward, projection, and (for the wire) the move to host memory."""
+    """On the model thread: forward, projection into the encoding, and (for the wire) the move to host memory."""
     device = runner.info.device
     start = time.perf_counter()
     input_ids = inputs["input_ids"].to(device)
-    logits, aux = runner.forward(input_ids, inputs["attention_mask"].to(device))
+    attention_mask = inputs["attention_mask"].to(device)
+    hidden = None
+    if encoding == encodings.HIDDEN:
+        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask)
+    else:
+        logits, aux = runner.forward(input_ids, attention_mask)
     timings["forward"] = time.perf_counter() - start
     start = time.perf_counter()
-    supervision = build_supervision(logits, aux, input_ids, inputs["loss_mask"].to(device), vocab)
-    del logits
+    loss_mask = inputs["loss_mask"].to(device)
+    supervision = encodings.encode(encoding, logits, aux, input_ids, loss_mask, vocab, hidden)
+    del logits, hidden
     if to_host:
         supervision = {k: v.cpu() for k, v in supervision.items()}
     else:  # the point-to-point path sends straight from the runner's device

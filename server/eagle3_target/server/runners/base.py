@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
+from eagle3_target.protocol.encodings import EXACT_ENCODINGS
 from eagle3_target.protocol.spec import default_aux_layer_ids, validate_aux_layer_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,6 +38,8 @@ class RunnerInfo:
     dtype: torch.dtype
     device: str
     config: dict[str, Any] = field(default_factory=dict)
+    # "hidden" only from runners that implement forward_hidden and lm_head_rows (see TargetRunner)
+    encodings: tuple[str, ...] = EXACT_ENCODINGS
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -63,6 +66,7 @@ class RunnerInfo:
             "engine": self.engine,
             "dtype": str(self.dtype).removeprefix("torch."),
             "config_digest": self.config_digest,
+            "encodings": list(self.encodings),
         }
 
 
@@ -80,6 +84,10 @@ class TargetRunner(Protocol):
     def input_embeddings(self) -> torch.Tensor:
         """The input-embedding weight [V, H], whole."""
         ...
+
+    # Only runners whose info.encodings has "hidden", i.e. whose logits are exactly lm_head(final hidden):
+    #   forward_hidden(input_ids, attention_mask) -> (logits, aux, final normed hidden [B, S, H])
+    #   lm_head_rows(ids) -> the lm_head weight rows [len(ids), H]
 
     def close(self) -> None:
         """Release the model and its device memory."""

@@ -8,12 +8,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
+
 from .base import RunnerInfo, resolve_dtype
 
 log = logging.getLogger(__name__)
 
 # Where decoder layers live, by architecture family (Llama, Qwen, Mistral: model.layers).
 _LAYER_PATHS = ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers")
+# Config keys of logit post-processing after the lm_head (Gemma 2/3, Cohere, Granite): logits are then
+# not lm_head(hidden), so the "hidden" encoding is never offered.
+LOGIT_POST_PROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -30,6 +35,17 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+def plain_lm_head(model: nn.Module) -> bool:
+    """Whether logits are exactly a bias-free linear lm_head of the final hidden states."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        return False
+    configs = (model.config, model.config.get_text_config())
+    return not any(
+        getattr(c, key, None) not in (None, 1, 1.0) for c in configs for key in LOGIT_POST_PROCESSING
+    )
+
+
 class HFRunner:
     def __init__(self, model: nn.Module, *, name: str, aux_layer_ids: list[int] | None = None):
         self.model = model.eval().requires_grad_(False)
@@ -43,6 +59,7 @@ class HFRunner:
             hidden_size=int(getattr(config, "hidden_size", 0) or 0),
             vocab_size=int(getattr(config, "vocab_size", 0) or 0),
             aux_layer_ids=aux_layer_ids,
+            encodings=ENCODINGS if plain_lm_head(model) else EXACT_ENCODINGS,
             dtype=param.dtype,
             device=str(param.device),
             config={
@@ -53,6 +70,11 @@ class HFRunner:
         )
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = [layers[i].register_forward_hook(self._capture(i)) for i in self.info.aux_layer_ids]
+        self._head = model.get_output_embeddings()
+        self._hooks.append(self._head.register_forward_pre_hook(self._capture_head_input))
+
+    def _capture_head_input(self, _module, args):
+        self._captured["head"] = args[0]  # the final normed hidden states
 
     def _capture(self, layer_id: int):
         def hook(_module, _args, output):
@@ -86,17 +108,27 @@ class HFRunner:
         log.info("loaded %s (%s) on %s", name, torch_dtype, device)
         return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
 
-    @torch.inference_mode()
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
+        return logits, aux
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self._captured.clear()
         try:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
             aux = torch.cat([self._captured[i] for i in self.info.aux_layer_ids], dim=-1)
+            hidden = self._captured["head"]
         finally:
             self._captured.clear()
-        return logits, aux
+        return logits, aux, hidden
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._head.weight.detach().index_select(0, ids)
 
     def input_embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight.detach()

@@ -11,6 +11,8 @@ import time
 
 import torch
 
+from eagle3_target.protocol.encodings import ENCODINGS
+
 from .base import RunnerInfo, resolve_dtype
 
 
@@ -37,6 +39,7 @@ class SyntheticRunner:
             aux_layer_ids=aux_layer_ids,
             dtype=torch_dtype,
             device=device,
+            encodings=ENCODINGS,
             config={
                 "hidden_size": hidden_size,
                 "vocab_size": vocab_size,
@@ -45,8 +48,21 @@ class SyntheticRunner:
         )
         self.forward_delay = forward_delay
         # Row r of each table is the output for any token id congruent to r: a forward is one gather.
-        self._logits_table = (
-            (torch.arange(101, device=device)[:, None] * 31 + torch.arange(vocab_size, device=device)) % 101
+        # Logits are lm_head(hidden) computed in float32, so the "hidden" encoding has something to approximate.
+        self._hidden_table = (
+            (
+                (torch.arange(101, device=device)[:, None] * 3 + torch.arange(hidden_size, device=device))
+                % 13
+                - 6
+            )
+            / 8
+        ).to(torch_dtype)
+        self._logits_table = torch.cat(
+            [
+                self._hidden_table.float() @ self._head_rows(rows).float().T
+                for rows in torch.arange(vocab_size, device=device).split(4096)
+            ],
+            dim=1,
         ).to(torch_dtype)
         self._aux_table = (
             (torch.arange(89, device=device)[:, None] + torch.arange(3 * hidden_size, device=device)) % 89
@@ -57,14 +73,29 @@ class SyntheticRunner:
             .to(torch_dtype)
         )
 
-    @torch.inference_mode()
+    def _head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """lm_head[v, j] = ((5v + j) % 11 - 5) / 16, built on demand: no [V, H] weight is kept."""
+        columns = torch.arange(self.info.hidden_size, device=ids.device)
+        return (((ids[:, None] * 5 + columns) % 11 - 5) / 16).to(self.info.dtype)
+
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
+        return logits, aux
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.forward_delay:
             time.sleep(self.forward_delay)
-        # logits[b, s, v] = (id * 31 + v) % 101 and aux[b, s, j] = (id + j) % 89, looked up by id mod table size.
-        return self._logits_table[input_ids % 101], self._aux_table[input_ids % 89]
+        # aux[b, s, j] = (id + j) % 89; hidden and logits are rows of tables, looked up by id mod table size.
+        row = input_ids % 101
+        return self._logits_table[row], self._aux_table[input_ids % 89], self._hidden_table[row]
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._head_rows(ids)
 
     def input_embeddings(self) -> torch.Tensor:
         return self._embeddings
