@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", help="local directory or hub id; default: the embedded tiny Llama (no download)"
     )
-    p.add_argument("--engine", choices=["hf", "sglang", "synthetic"], default="hf")
+    p.add_argument("--engine", choices=["hf", "sglang", "vllm", "synthetic"], default="hf")
     p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
     p.add_argument(
@@ -97,6 +97,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exit-on-disconnect", action="store_true", help="NeMo's behaviour: exit after any /disconnect"
     )
+    p.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="vllm engine: GPUs per model (default 1)"
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.6,
+        help="vllm engine: the share of GPU memory vLLM takes for weights and KV cache; the rest holds "
+        "full-vocab logits (default 0.6)",
+    )
     p.add_argument("--forward-delay", type=float, default=0.0, help="synthetic engine: seconds per forward")
 
 
@@ -108,6 +118,11 @@ def build_loader(args: argparse.Namespace):
         options.update(forward_delay=args.forward_delay)
     else:
         options.update(trust_remote_code=args.trust_remote_code)
+    if args.engine == "vllm":
+        options.update(
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
     return functools.partial(load_runner, args.engine, **options)
 
 

@@ -15,8 +15,12 @@ def load_runner(engine: str, **options) -> TargetRunner:
         from .sglang import SGLangRunner
 
         return SGLangRunner.load(**options)
+    if engine == "vllm":
+        from .vllm import VLLMRunner
+
+        return VLLMRunner.load(**options)
     if engine == "synthetic":
         from .synthetic import SyntheticRunner
 
         return SyntheticRunner(**options)
-    raise ValueError(f"unknown engine {engine!r}; choose hf, sglang or synthetic")
+    raise ValueError(f"unknown engine {engine!r}; choose hf, sglang, vllm or synthetic")

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..requests import RequestError
 from .base import RunnerInfo, resolve_dtype
+from .rows import row_lengths, stack_rows
 
 log = logging.getLogger(__name__)
 
@@ -151,29 +152,6 @@ def install_head(sgl, model: nn.Module, aux_layer_ids: list[int], num_hidden_lay
     model.set_eagle3_layers_to_capture(list(aux_layer_ids))
 
 
-def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Each row's length; SGLang takes rows without holes, so the mask must be ones then zeros."""
-    mask = attention_mask.bool()
-    lengths = mask.sum(dim=1)
-    prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
-    if not torch.equal(mask, prefix):
-        raise RequestError(
-            400,
-            "unsupported_padding",
-            "the sglang engine needs right-padded rows: each mask row is ones, then zeros",
-        )
-    return lengths
-
-
-def stack_rows(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[T, D] tokens packed row after row -> [B, S, D], zeros past each row's length."""
-    if mask.all():
-        return flat.view(*mask.shape, flat.shape[-1])
-    out = flat.new_zeros(*mask.shape, flat.shape[-1])
-    out[mask] = flat
-    return out
-
-
 def extend_batch(sgl, runner, rows: list[list[int]]):
     """The ForwardBatch SGLang's scheduler would build to prefill ``rows`` from an empty cache."""
     params = sgl.SamplingParams(temperature=0, max_new_tokens=1)
@@ -277,7 +255,7 @@ class SGLangRunner:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         mask = attention_mask.bool()
-        lengths = [n for n in row_lengths(mask).tolist() if n]
+        lengths = [n for n in row_lengths(mask, "sglang").tolist() if n]
         tokens = input_ids[mask].tolist()  # one device-to-host copy, rows back to back
         bounds = list(itertools.accumulate(lengths, initial=0))
         rows = [tokens[start:end] for start, end in itertools.pairwise(bounds)]

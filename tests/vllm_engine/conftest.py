@@ -1,0 +1,22 @@
+"""vLLM tests run in vLLM's own environment (.ci/vllm); without vLLM only test_vllm_optional.py runs."""
+
+import os
+
+import pytest
+
+from eagle3_target.server.runners.tiny import build_tiny_llama
+
+from .vllm_support import VLLM_INSTALLED, VLLM_TINY
+
+collect_ignore = [] if VLLM_INSTALLED else ["test_vllm_engine.py", "test_vllm_server.py"]
+
+# A small CPU KV cache: the tests' batches are tiny, and other processes share this machine.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory):
+    """A tiny random Llama that vLLM's CPU backend can run, saved as a real model directory."""
+    path = tmp_path_factory.mktemp("tiny-llama-hd32")
+    build_tiny_llama(seed=3, **VLLM_TINY).save_pretrained(path)
+    return str(path)
