@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from eagle3_target.server.runners.vllm import INSTALL_HINT, visible_devices
+from eagle3_target.server.runners import load_runner
+from eagle3_target.server.runners.vllm import INSTALL_HINT, VLLMUnavailable, gpu_ids
 
 from .vllm_support import VLLM_INSTALLED
 
@@ -21,29 +22,27 @@ def test_server_and_client_import_without_vllm():
 
 
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here")
-def test_serve_with_the_vllm_engine_exits_nonzero_saying_what_to_install(tmp_path):
+def test_serve_with_the_vllm_engine_exits_at_once_saying_what_to_install(tmp_path):
     command = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "vllm"]
     command += ["--model", str(tmp_path), "--host", "127.0.0.1", "--port", "0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
-    assert f"VLLMUnavailable: {INSTALL_HINT}" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "eagle3-target serve: error: --engine vllm needs vllm, which is not installed: "
+        "pip install 'eagle3-target[server,vllm]' (see docs/vllm.md)"
+    ]
+
+
+@pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here")
+def test_loading_the_vllm_runner_without_vllm_names_what_to_install(tmp_path):
+    with pytest.raises(VLLMUnavailable) as err:
+        load_runner("vllm", model=str(tmp_path), device="cpu")
+    assert str(err.value) == INSTALL_HINT
 
 
 @pytest.mark.parametrize(
-    ("device", "tp", "visible", "expected"),
-    [
-        ("cpu", 1, None, None),
-        ("cuda", 1, None, "0"),
-        ("cuda:2", 1, None, "2"),
-        ("cuda:1", 2, None, "1,2"),
-        ("cuda:1", 2, "4,5,6,7", "5,6"),
-    ],
+    ("device", "tp", "expected"),
+    [("cpu", 1, None), ("cuda", 1, [0]), ("cuda:2", 1, [2]), ("cuda:1", 4, [1, 2, 3, 4])],
 )
-def test_the_chosen_gpus_become_the_visible_ones(device, tp, visible, expected):
-    assert visible_devices(device, tp, visible) == expected
-
-
-def test_more_gpus_than_visible_is_refused():
-    with pytest.raises(ValueError, match="only 2 are visible"):
-        visible_devices("cuda:1", 2, "4,5")
+def test_cuda_n_and_tensor_parallelism_pick_consecutive_gpus(device, tp, expected):
+    assert gpu_ids(device, tp) == expected

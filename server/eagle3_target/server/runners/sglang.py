@@ -63,6 +63,21 @@ def check_requirements(device: str) -> None:
 
 def import_sglang() -> SimpleNamespace:
     """The SGLang names this runner uses, in one place (tests put a fake SGLang in sys.modules)."""
+    # Used through locals() below: the noqa keeps lint from deleting them as unused.
+    from sglang.bench_one_batch import TreeCacheNamespace  # noqa: F401
+    from sglang.srt.configs.model_config import ModelConfig  # noqa: F401
+    from sglang.srt.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: F401
+    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessorOutput  # noqa: F401
+    from sglang.srt.layers.moe import initialize_moe_config  # noqa: F401
+    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config  # noqa: F401
+    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config  # noqa: F401
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: F401
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch  # noqa: F401
+    from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: F401
+    from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
+    from sglang.srt.server_args import ServerArgs  # noqa: F401
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: F401
+    from sglang.srt.utils import get_free_port  # noqa: F401
 
     return SimpleNamespace(**locals())
 

@@ -56,20 +56,13 @@ def check_requirements(device: str) -> None:
         raise VLLMUnavailable("; ".join(problems))
 
 
-def visible_devices(device: str, tensor_parallel_size: int, visible: str | None) -> str | None:
-    """CUDA_VISIBLE_DEVICES that makes cuda:N (and the next tp-1 GPUs) vLLM's cuda:0.., or None for CPU."""
+def gpu_ids(device: str, tensor_parallel_size: int) -> list[int] | None:
+    """vLLM's device_ids for cuda:N: GPUs N.. N+tp-1 of the visible ones; None on CPU."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return None
     first = dev.index or 0
-    pool = visible.split(",") if visible else [str(i) for i in range(first + tensor_parallel_size)]
-    chosen = pool[first : first + tensor_parallel_size]
-    if len(chosen) < tensor_parallel_size:
-        raise ValueError(
-            f"{device} with tensor parallel size {tensor_parallel_size} needs GPUs "
-            f"{first}..{first + tensor_parallel_size - 1}, but only {len(pool)} are visible"
-        )
-    return ",".join(chosen)
+    return list(range(first, first + tensor_parallel_size))
 
 
 class Capture:
@@ -219,15 +212,13 @@ class VLLMRunner:
         max_batch_tokens: int = 16384,
         max_rows: int = 256,
     ) -> VLLMRunner:
-        visible = visible_devices(device, tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if visible is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch or vLLM initialises CUDA
         check_requirements(device)
         if model is None:
             raise ValueError("the vllm engine needs --model (a local directory or hub id)")
         if torch.device(device).type == "cpu" and tensor_parallel_size != 1:
             raise ValueError("the vllm engine runs tensor parallel on CUDA GPUs only")
         torch_dtype = resolve_dtype(dtype, device)
+        gpus = gpu_ids(device, tensor_parallel_size)
         # The engine core runs in this process so that the runner can reach its workers' models;
         # a small CPU KV cache: every batch is one fresh prefill, freed as soon as it is done.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -239,6 +230,7 @@ class VLLMRunner:
             dtype=VLLM_DTYPES[torch_dtype],
             trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size,
+            device_ids=gpus,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             # Every row must be prefilled in one step, in the order sent: Capture.take checks it.
@@ -263,8 +255,7 @@ class VLLMRunner:
             name=model,
             aux_layer_ids=aux_layer_ids,
             dtype=torch_dtype,
-            # CUDA_VISIBLE_DEVICES made the chosen GPU this process's first.
-            device="cuda:0" if visible is not None else "cpu",
+            device="cpu" if gpus is None else f"cuda:{gpus[0]}",
             max_batch_tokens=max_batch_tokens,
         )
 
