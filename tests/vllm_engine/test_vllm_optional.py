@@ -1,10 +1,12 @@
 """vLLM stays optional: nothing imports it unless asked, and asking without it fails at once, clearly."""
 
+import argparse
 import subprocess
 import sys
 
 import pytest
 
+from eagle3_target.server.cli import add_arguments, build_loader
 from eagle3_target.server.runners import load_runner
 from eagle3_target.server.runners.vllm import INSTALL_HINT, VLLMUnavailable, gpu_ids
 
@@ -46,3 +48,20 @@ def test_loading_the_vllm_runner_without_vllm_names_what_to_install(tmp_path):
 )
 def test_cuda_n_and_tensor_parallelism_pick_consecutive_gpus(device, tp, expected):
     assert gpu_ids(device, tp) == expected
+
+
+def serve_loader(*flags: str):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return build_loader(parser.parse_args(["--model", "org/m", *flags]))
+
+
+def test_serve_hands_the_vllm_flags_to_the_vllm_runner_only():
+    loader = serve_loader(
+        "--engine", "vllm", "--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.8"
+    )
+    assert loader.args == ("vllm",)
+    assert loader.keywords["tensor_parallel_size"] == 8 and loader.keywords["gpu_memory_utilization"] == 0.8
+    assert (
+        "tensor_parallel_size" not in serve_loader("--engine", "hf", "--tensor-parallel-size", "8").keywords
+    )

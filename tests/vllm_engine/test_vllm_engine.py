@@ -1,0 +1,156 @@
+"""The vllm engine against the hf engine on the same tiny Llama: the supervision a trainer gets must agree."""
+
+import pytest
+import torch
+
+from eagle3_target.protocol.supervision import VocabMapping, build_supervision, shift_left
+from eagle3_target.server.requests import RequestError
+from eagle3_target.server.runners import load_runner
+
+from .vllm_support import AUX_LAYER_IDS
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def engines(vllm_model_dir):
+    options = dict(model=vllm_model_dir, dtype="float32", device="cpu", aux_layer_ids=AUX_LAYER_IDS)
+    vllm_runner = load_runner("vllm", **options)
+    hf_runner = load_runner("hf", **options)
+    yield vllm_runner, hf_runner
+    vllm_runner.close()
+    hf_runner.close()
+
+
+def draft_vocab(size: int, seed: int) -> VocabMapping:
+    """A trainer's draft vocabulary: ids in its own (unsorted) order, and the mask over the target's."""
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:size]
+    mask = torch.zeros(VOCAB, dtype=torch.bool)
+    mask[ids] = True
+    return VocabMapping(ids, mask)
+
+
+def batch(rows: int, seq: int, lengths: list[int], seed: int):
+    """Right-padded rows of the given lengths, loss masked on a prompt prefix and on the padding."""
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, VOCAB, (rows, seq), generator=gen)
+    attention_mask = (torch.arange(seq) < torch.tensor(lengths)[:, None]).long()
+    loss_mask = attention_mask.clone()
+    loss_mask[:, : seq // 4] = 0
+    return input_ids * attention_mask, attention_mask, loss_mask
+
+
+BATCHES = {
+    "full rows, identity vocab": (batch(2, 24, [24, 24], seed=1), None),
+    "padding and loss masks": (batch(4, 40, [40, 17, 1, 33], seed=2), draft_vocab(96, seed=2)),
+    "one long row": (batch(1, 300, [300], seed=3), draft_vocab(200, seed=3)),
+    "an empty row among others": (batch(3, 16, [16, 0, 9], seed=4), draft_vocab(32, seed=4)),
+}
+
+
+def supervision(runner, input_ids, attention_mask, loss_mask, vocab):
+    logits, aux = runner.forward(input_ids, attention_mask)
+    return build_supervision(logits, aux, input_ids, loss_mask, vocab or VocabMapping.identity(VOCAB))
+
+
+def assert_agree(got: dict, want: dict, attention_mask: torch.Tensor, atol: float) -> None:
+    """Equal where the hf engine's numbers mean something: at real tokens (aux), and where the next
+    token is real (target_probs; the hf engine computes padding too, vLLM leaves it zero)."""
+    real = attention_mask.bool()
+    next_real = shift_left(attention_mask).bool()
+    for key, where in (("aux_hidden_states", real), ("target_probs", next_real)):
+        assert got[key].shape == want[key].shape, key
+        torch.testing.assert_close(got[key][where], want[key][where], atol=atol, rtol=0, msg=key)
+    for key in ("position_mask", "input_ids", "loss_mask"):
+        assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("name", list(BATCHES))
+def test_float32_supervision_matches_the_hf_engine(engines, name):
+    (input_ids, attention_mask, loss_mask), vocab = BATCHES[name]
+    vllm_runner, hf_runner = engines
+    got = supervision(vllm_runner, input_ids, attention_mask, loss_mask, vocab)
+    want = supervision(hf_runner, input_ids, attention_mask, loss_mask, vocab)
+    assert_agree(got, want, attention_mask, atol=1e-4)
+    padded = ~attention_mask.bool()
+    assert not got["aux_hidden_states"][padded].any()
+
+
+def test_a_second_epoch_and_shared_prefixes_give_the_same_answers(engines):
+    """Batches that repeat a prefix (a second epoch, a shared system prompt) must not hit a prefix cache."""
+    vllm_runner, hf_runner = engines
+    # Long enough to fill whole KV blocks: a prefix cache would hit on them.
+    input_ids, attention_mask, loss_mask = batch(3, 300, [300, 300, 200], seed=5)
+    input_ids[1, :280] = input_ids[0, :280]  # rows sharing a prefix within one batch
+    want = supervision(hf_runner, input_ids, attention_mask, loss_mask, None)
+    for _epoch in range(2):
+        got = supervision(vllm_runner, input_ids, attention_mask, loss_mask, None)
+        assert_agree(got, want, attention_mask, atol=1e-4)
+    longer = torch.cat([input_ids, torch.randint(0, VOCAB, (3, 8))], dim=1)
+    longer_mask = torch.cat([attention_mask, attention_mask[:, -1:].expand(3, 8)], dim=1)
+    longer_loss = torch.cat([loss_mask, loss_mask[:, -1:].expand(3, 8)], dim=1)
+    assert_agree(
+        supervision(vllm_runner, longer, longer_mask, longer_loss, None),
+        supervision(hf_runner, longer, longer_mask, longer_loss, None),
+        longer_mask,
+        atol=1e-4,
+    )
+
+
+def test_identity_matches_the_hf_engine(engines):
+    vllm_runner, hf_runner = engines
+    assert vllm_runner.info.model_info() == {**hf_runner.info.model_info(), "engine": "vllm"}
+    assert torch.equal(vllm_runner.input_embeddings(), hf_runner.input_embeddings())
+
+
+def test_left_padded_rows_are_refused(engines):
+    vllm_runner, _ = engines
+    input_ids, attention_mask, _ = batch(2, 8, [8, 5], seed=6)
+    with pytest.raises(RequestError) as err:
+        vllm_runner.forward(input_ids, attention_mask.flip(1))
+    assert err.value.status == 400 and err.value.error == "unsupported_padding"
+
+
+def test_a_batch_over_the_engine_limits_is_refused_before_any_work(engines):
+    vllm_runner, _ = engines
+    too_long = vllm_runner.max_model_len + 1
+    with pytest.raises(RequestError) as err:
+        vllm_runner.forward(torch.zeros(1, too_long, dtype=torch.long), torch.ones(1, too_long))
+    assert err.value.status == 413 and "longest row" in err.value.detail
+    rows = vllm_runner.max_batch_tokens // vllm_runner.max_model_len + 1
+    shape = (rows, vllm_runner.max_model_len)
+    with pytest.raises(RequestError) as err:
+        vllm_runner.forward(torch.zeros(shape, dtype=torch.long), torch.ones(shape))
+    assert err.value.status == 413 and "tokens in all" in err.value.detail
+
+
+def test_an_all_padding_batch_gives_zeros(engines):
+    vllm_runner, _ = engines
+    logits, aux = vllm_runner.forward(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5))
+    assert logits.shape == (2, 5, VOCAB) and aux.shape == (2, 5, 3 * vllm_runner.info.hidden_size)
+    assert not logits.any() and not aux.any()
+
+
+def test_bfloat16_agreement_is_reported(vllm_model_dir, record_property, capsys):
+    """bf16 kernels differ between engines, so this reports the gap, and bounds it loosely."""
+    options = dict(model=vllm_model_dir, dtype="bfloat16", device="cpu", aux_layer_ids=AUX_LAYER_IDS)
+    vllm_bf16, hf_bf16 = load_runner("vllm", **options), load_runner("hf", **options)
+    try:
+        (input_ids, attention_mask, loss_mask), vocab = BATCHES["padding and loss masks"]
+        got = supervision(vllm_bf16, input_ids, attention_mask, loss_mask, vocab)
+        want = supervision(hf_bf16, input_ids, attention_mask, loss_mask, vocab)
+    finally:
+        vllm_bf16.close()
+    real = attention_mask.bool()
+    aux_gap = (got["aux_hidden_states"] - want["aux_hidden_states"]).float().abs()[real].max().item()
+    aux_scale = want["aux_hidden_states"].float().abs()[real].max().item()
+    probs_gap = (got["target_probs"] - want["target_probs"]).abs().max().item()
+    same_mask = (got["position_mask"] == want["position_mask"]).float().mean().item()
+    report = (
+        f"bfloat16 vllm vs hf: aux max abs diff {aux_gap:.3g} (max |aux| {aux_scale:.3g}), "
+        f"target_probs max abs diff {probs_gap:.3g}, position_mask agreement {same_mask:.1%}"
+    )
+    record_property("bfloat16_agreement", report)
+    with capsys.disabled():
+        print(f"\n{report}")
+    assert aux_gap <= 0.05 * aux_scale and probs_gap < 0.05 and same_mask >= 0.9
