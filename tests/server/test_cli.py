@@ -121,7 +121,7 @@ def six_layer_model(tmp_path_factory) -> str:
         (["--device", "cuda:0"], "has no usable CUDA; use --device cpu"),
         (["--device", "tpu-ish"], "is not a torch device"),
         (["--engine", "sglang"], "pip install 'eagle3-target[server,sglang]'"),
-        (["--engine", "vllm"], "invalid choice"),
+        (["--engine", "vllm"], "pip install 'eagle3-target[server,vllm]'"),
     ],
 )
 def test_bad_arguments_are_one_line_before_loading(args, message):
