@@ -97,8 +97,30 @@ def http_from_inside(name: str, path: str, body: bytes | None = None) -> tuple[s
 def test_server_serves_the_embedded_model_read_only_without_network(server_image):
     assert inspect(server_image)["Config"]["User"] == "1000:1000"
     name = f"eagle3-smoke-{os.getpid()}"
+    # the operator's way: the image's entrypoint with `serve` arguments naming the embedded model
+    serve = [
+        "serve",
+        "--model",
+        "embedded-tiny-llama",
+        "--device",
+        "cpu",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8001",
+    ]
     started = container(
-        "run", "-d", "--name", name, "--read-only", "--network", "none", "--tmpfs", "/tmp", server_image
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--read-only",
+        "--network",
+        "none",
+        "--tmpfs",
+        "/tmp",
+        server_image,
+        *serve,
     )
     assert started.returncode == 0, started.stderr
     try:

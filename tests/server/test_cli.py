@@ -187,3 +187,17 @@ def test_serving_beyond_loopback_without_auth_warns():
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_the_embedded_model_answers_to_its_name():
+    """An Eagle3Target's spec.model cannot be empty, so the operator asks for the embedded model by name."""
+    port = free_port()
+    proc = start("--port", str(port), "--model", "embedded-tiny-llama")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        status, body = http("POST", f"{url}/model_info", b"")
+        assert status == 200 and json.loads(body)["model"] == "embedded-tiny-llama"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -19,8 +19,13 @@ from .app import (
     run_server,
 )
 from .dataplane import PortRange
+from .runners.base import EMBEDDED_MODEL
 
 log = logging.getLogger(__name__)
+
+
+def _model(text: str) -> str | None:
+    return None if text == EMBEDDED_MODEL else text
 
 
 def _aux_ids(text: str) -> list[int]:
@@ -39,7 +44,9 @@ def _port_range(text: str) -> PortRange:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", help="local directory or hub id; default: the embedded tiny Llama (no download)"
+        "--model",
+        type=_model,
+        help=f"local directory or hub id; default (or {EMBEDDED_MODEL}): the embedded tiny Llama (no download)",
     )
     p.add_argument("--engine", choices=["hf", "sglang", "vllm", "synthetic"], default="hf")
     p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
@@ -190,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     log.info(
         "engine %s, model %s, device %s, dtype %s",
         args.engine,
-        args.model or "embedded-tiny-llama",
+        args.model or EMBEDDED_MODEL,
         args.device,
         args.dtype,
     )

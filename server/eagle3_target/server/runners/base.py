@@ -12,6 +12,10 @@ import torch
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
 from eagle3_target.protocol.spec import default_aux_layer_ids, validate_aux_layer_ids
 
+# The embedded default target's name: what /model_info reports, and what `--model` (or an Eagle3Target's
+# spec.model, which cannot be empty) names it by.
+EMBEDDED_MODEL = "embedded-tiny-llama"
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 
-from .base import RunnerInfo, resolve_dtype
+from .base import EMBEDDED_MODEL, RunnerInfo, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class HFRunner:
         if model is None:
             from .tiny import build_tiny_llama
 
-            module, name = build_tiny_llama().to(torch_dtype), "embedded-tiny-llama"
+            module, name = build_tiny_llama().to(torch_dtype), EMBEDDED_MODEL
         else:
             from transformers import AutoModelForCausalLM
 
