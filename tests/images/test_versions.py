@@ -13,7 +13,7 @@ from chart.render import CHART, one, template
 from images.support import BUILD_SCRIPT, OPERATOR, SERVER, SGLANG, VERSION
 from tools import REPO, install_tools
 
-from eagle3_target.operator import handlers
+from eagle3_target.operator.config import package_default_image
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,7 @@ def test_chart_app_version_is_the_package_version():
 
 
 def test_operator_default_image_is_the_server_image_of_this_version():
-    default = handlers.DEFAULT_IMAGE
-    assert default == f"{SERVER}:{VERSION}"
+    assert package_default_image() == f"{SERVER}:{VERSION}"
 
 
 def test_chart_defaults_name_this_version(tools):
