@@ -103,6 +103,19 @@ def test_identity_matches_the_hf_engine(engines):
     assert torch.equal(vllm_runner.input_embeddings(), hf_runner.input_embeddings())
 
 
+def test_the_hidden_encoding_gets_the_final_states_and_head_rows_of_the_hf_engine(engines):
+    vllm_runner, hf_runner = engines
+    assert "hidden" in vllm_runner.info.encodings
+    input_ids, attention_mask, _ = BATCHES["padding and loss masks"][0]
+    real = attention_mask.bool()
+    got = vllm_runner.forward_hidden(input_ids, attention_mask)
+    want = hf_runner.forward_hidden(input_ids, attention_mask)
+    for name, a, b in zip(("logits", "aux", "hidden"), got, want, strict=True):
+        torch.testing.assert_close(a[real], b[real], atol=1e-4, rtol=0, msg=name)
+    ids = torch.tensor([5, 0, 511, 42])
+    assert torch.equal(vllm_runner.lm_head_rows(ids), hf_runner.lm_head_rows(ids))
+
+
 def test_left_padded_rows_are_refused(engines):
     vllm_runner, _ = engines
     input_ids, attention_mask, _ = batch(2, 8, [8, 5], seed=6)

@@ -129,6 +129,7 @@ def build_loader(args: argparse.Namespace):
         options.update(
             tensor_parallel_size=args.tensor_parallel_size,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            max_batch_tokens=args.max_batch_tokens,  # vLLM schedules that many tokens in one step
         )
     return functools.partial(load_runner, args.engine, **options)
 

@@ -21,6 +21,8 @@ import os
 import torch
 from torch import nn
 
+from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
+
 from ..requests import RequestError
 from .base import RunnerInfo, resolve_dtype
 from .hf import decoder_layers
@@ -106,8 +108,9 @@ class Capture:
                 "vLLM did not prefill the batch in one step, in the order sent; send smaller batches"
             )
         aux = torch.cat([step[i][:count] for i in self.aux_layer_ids], dim=-1)
+        hidden = step["final"][:count]
         # The model's own head: the lm_head (logit scaling, vocab unpadding) vLLM samples with.
-        return self.model.compute_logits(step["final"][:count]), aux
+        return self.model.compute_logits(hidden), aux, hidden
 
     @staticmethod
     def _carries(step: dict, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
@@ -132,12 +135,30 @@ def install_capture(worker, aux_layer_ids: list[int]) -> None:
 
 
 def take_capture(worker, input_ids: torch.Tensor, positions: torch.Tensor):
-    logits, aux = getattr(worker, CAPTURE).take(input_ids, positions)
+    outputs = getattr(worker, CAPTURE).take(input_ids, positions)
     rank, world = _rank_and_world()
     if rank:
         return None  # every rank computes (the lm_head gather is collective); rank 0 answers
     # Across processes the answer is pickled: hand back host memory, never a device handle.
-    return (logits.cpu(), aux.cpu()) if world > 1 else (logits, aux)
+    return tuple(t.cpu() for t in outputs) if world > 1 else outputs
+
+
+def plain_head(worker) -> bool:
+    """Whether logits are exactly lm_head(final hidden): one unsharded, bias-free head, no scaling."""
+    model = worker.model_runner.model
+    head, processor = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+    return (
+        _rank_and_world()[1] == 1
+        and isinstance(getattr(head, "weight", None), torch.Tensor)
+        and getattr(head, "bias", None) is None
+        and getattr(processor, "scale", None) == 1.0
+        and getattr(processor, "soft_cap", 0.0) is None
+    )
+
+
+def lm_head_rows(worker, ids: torch.Tensor) -> torch.Tensor:
+    weight = worker.model_runner.model.lm_head.weight
+    return weight.detach().index_select(0, ids.to(weight.device))
 
 
 def embedding_shard(worker) -> torch.Tensor:
@@ -187,6 +208,7 @@ class VLLMRunner:
             aux_layer_ids=aux_layer_ids,
             dtype=dtype,
             device=device,
+            encodings=ENCODINGS if llm.collective_rpc(plain_head)[0] else EXACT_ENCODINGS,
             config={
                 k: v
                 for k, v in hf_config.to_diff_dict().items()
@@ -271,25 +293,35 @@ class VLLMRunner:
                     413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}"
                 )
 
-    @torch.inference_mode()
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
+        return logits, aux
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mask = attention_mask.bool()
         lengths = [n for n in row_lengths(mask, "vllm").tolist() if n]
-        shape, device = input_ids.shape, input_ids.device
         if not lengths:
-            logits = torch.zeros(*shape, self.info.vocab_size, dtype=self.info.dtype, device=device)
-            aux = torch.zeros(*shape, 3 * self.info.hidden_size, dtype=self.info.dtype, device=device)
-            return logits, aux
+            info, shape, device = self.info, input_ids.shape, input_ids.device
+            return tuple(
+                torch.zeros(*shape, width, dtype=info.dtype, device=device)
+                for width in (info.vocab_size, 3 * info.hidden_size, info.hidden_size)
+            )
         self.check_capacity(lengths)
         flat = input_ids[mask].cpu()
         bounds = list(itertools.accumulate(lengths, initial=0))
         tokens = flat.tolist()
         prompts = [{"prompt_token_ids": tokens[a:b]} for a, b in itertools.pairwise(bounds)]
         self.llm.generate(prompts, self.sampling, use_tqdm=False)
-        logits, aux = self.llm.collective_rpc(take_capture, args=(flat, row_positions(lengths)))[0]
-        return stack_rows(logits.to(device), mask), stack_rows(aux.to(device), mask)
+        outputs = self.llm.collective_rpc(take_capture, args=(flat, row_positions(lengths)))[0]
+        return tuple(stack_rows(t.to(input_ids.device), mask) for t in outputs)
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.llm.collective_rpc(lm_head_rows, args=(ids,))[0]
 
     def input_embeddings(self) -> torch.Tensor:
         # vLLM pads (and under tensor parallelism shards) the embedding rows: whole real vocabulary only.
