@@ -89,10 +89,19 @@ class ServerFarm:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
     def start(
-        self, host: str, port: int = 0, *, options: ServerOptions | None = None, **runner_options
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        options: ServerOptions | None = None,
+        loader=None,
+        server_type: type[TargetServer] = TargetServer,
+        **runner_options,
     ) -> str:
-        """Start a synthetic target server and return its URL once it answers /health with 200."""
-        server = TargetServer(lambda: SyntheticRunner(**runner_options), options or ServerOptions())
+        """Start a target server (default: synthetic) and return its URL once it answers /health with 200."""
+        server = server_type(
+            loader or (lambda: SyntheticRunner(**runner_options)), options or ServerOptions()
+        )
 
         async def up():
             runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=1.0)

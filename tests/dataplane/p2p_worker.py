@@ -2,6 +2,8 @@
 
 batches: fetch batches through RemoteTargetBackend on the chosen data path, check each
          against the supervision computed locally, print one JSON line of results.
+compare: fetch the same batches once per encoding, all point-to-point, and print how each
+         differs from "nemo": exact or not, and the largest target_probs difference.
 stall:   build a group, ask for one p2p batch, receive only its first tensor, print
          STALLED and sleep (the test kills us mid-transfer).
 """
@@ -82,6 +84,29 @@ def run_batches(args) -> None:
         )
 
 
+def compare_encodings(args) -> None:
+    vocab = draft_vocab()
+    batches = [make_batch(seed, args.batch, args.seq) for seed in range(1, args.batches + 1)]
+    got, report = {}, {}
+    for encoding in ("nemo", "logits", "hidden"):
+        options = PoolOptions(data_path="p2p", encoding=encoding, request_timeout=args.timeout)
+        with RemoteTargetBackend(args.url, options=options) as backend:
+            backend.set_vocab_mapping(*vocab)
+            got[encoding] = [backend.generate_batch(*b).as_dict() for b in batches]
+            conn = next(iter(backend.pool.members.values())).conn
+            report[encoding] = {"transfers": conn.p2p.transfers, "fallbacks": conn.p2p.fallbacks}
+        pairs = list(zip(got[encoding], got["nemo"], strict=True))
+        report[encoding]["exact"] = all(
+            have[k].dtype == want[k].dtype and torch.equal(have[k], want[k])
+            for have, want in pairs
+            for k in want
+        )
+        report[encoding]["max_diff"] = max(
+            (have["target_probs"] - want["target_probs"]).abs().max().item() for have, want in pairs
+        )
+    print(json.dumps(report), flush=True)
+
+
 async def stall(args) -> None:
     async with aiohttp.ClientSession() as http:
         conn = ServerConnection(args.url, http, "staller", timeout=args.timeout)
@@ -102,7 +127,7 @@ async def stall(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["batches", "stall"])
+    p.add_argument("mode", choices=["batches", "compare", "stall"])
     p.add_argument("url")
     p.add_argument("--data-path", default="p2p")
     p.add_argument("--batches", type=int, default=3)
@@ -113,6 +138,8 @@ def main() -> None:
     args = p.parse_args()
     if args.mode == "batches":
         run_batches(args)
+    elif args.mode == "compare":
+        compare_encodings(args)
     else:
         asyncio.run(stall(args))
 

@@ -96,6 +96,8 @@ class RemoteTargetBackend:
     ``auth_token``: default: the file named by $EAGLE3_TARGET_AUTH_TOKEN_FILE.
     ``nameserver``: "host[:port]" of the DNS server to ask; default: the system's.
     ``device``: where batches land; default: the device of each call's input_ids.
+    ``options.encoding``: "auto" (default), "nemo", "logits" or "hidden" (see protocol/encodings.py);
+    a server that does not offer the one asked for is refused with an EncodingError.
     """
 
     def __init__(
@@ -149,6 +151,11 @@ class RemoteTargetBackend:
 
     def model_info(self) -> dict[str, Any]:
         return dict(self.pool.reference or {})
+
+    @property
+    def encodings(self) -> dict[str, str]:
+        """The supervision encoding each healthy server sends us, by URL (negotiated when it joined)."""
+        return {m.url: m.conn.encoding for m in self.pool.healthy()}
 
     @property
     def healthy_servers(self) -> int:
