@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -27,3 +28,11 @@ def test_hadolint_is_clean(dockerfile):
         cwd=REPO,
     )
     assert (result.returncode, result.stdout + result.stderr) == (0, ""), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: str(p.relative_to(REPO)))
+def test_the_final_stage_runs_as_uid_1000(dockerfile):
+    """The operator's pods run as uid 1000 with runAsNonRoot: an image must not need root or another uid."""
+    final_stage = re.split(r"(?im)^FROM\s", dockerfile.read_text())[-1]
+    users = re.findall(r"(?im)^USER\s+(\S+)", final_stage)
+    assert users[-1:] == ["1000:1000"], f"{dockerfile.name}: final stage USER {users}"
