@@ -1,6 +1,6 @@
 """Loopback /generate throughput on the wire path, against raw TCP moving the same bytes in the same run.
 
-    python bench/wire_throughput.py [--repeats N] [--shapes 8b small]
+    python bench/wire_throughput.py [--repeats N] [--shapes 8b small] [--encoding nemo logits hidden]
 
 The server runs in its own process with the synthetic runner (no model). A response's
 transfer time is the client's round trip minus the server's compute phases, which the
@@ -11,6 +11,11 @@ preallocated buffer into recv_into on the other side, between two processes (als
 same into a fresh buffer per transfer, as a receiver that keeps the data must do). Where
 nemo-automodel is installed, NeMo's own client (requests, reading the body in 10 KiB pieces and
 decoding with copies) is timed against the same server for comparison.
+
+With --encoding, each supervision encoding named is fetched from the same server in turn; a
+second table gives bytes per token and tokens/s per encoding, next to raw TCP moving the "nemo"
+reply's bytes. Tokens/s counts the transfer only: turning "logits" or "hidden" into target_probs
+runs on the trainer's device afterwards (protocol/encodings.py decode).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import aiohttp
 import torch
 
 from eagle3_target.client.connection import parse_server_timing, read_body
-from eagle3_target.protocol import wire
+from eagle3_target.protocol import encodings, wire
+from eagle3_target.protocol.spec import ENCODING_HEADER
 
 SHAPES = {
     # B, S, hidden, vocab, draft vocab: Llama-3.1-8B's supervision for one 2048-token sequence is 312.5 MB.
@@ -93,7 +99,9 @@ def _serve(port_queue, shape: dict) -> None:
     asyncio.run(main())
 
 
-async def http_generate(url: str, shape: dict, repeats: int) -> tuple[int, list[float], list[float]]:
+async def http_generate(
+    url: str, shape: dict, repeats: int, encoding: str = encodings.NEMO
+) -> tuple[int, list[float], list[float]]:
     """Returns (response bytes, round-trip seconds, transfer seconds) per repeat."""
     ids = torch.randperm(shape["vocab"])[: shape["draft"]]
     mask = torch.zeros(shape["vocab"], dtype=torch.bool)
@@ -107,6 +115,9 @@ async def http_generate(url: str, shape: dict, repeats: int) -> tuple[int, list[
         }
     )
     rounds, transfers, nbytes = [], [], 0
+    want = encodings.expected(
+        encoding, shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
+    )
     async with aiohttp.ClientSession(trust_env=False) as http:
         while True:
             async with http.get(f"{url}/health") as resp:
@@ -118,14 +129,16 @@ async def http_generate(url: str, shape: dict, repeats: int) -> tuple[int, list[
             assert resp.status == 200, await resp.text()
         for _ in range(repeats + 1):  # the first round warms both sides up
             start = time.perf_counter()
-            async with http.post(f"{url}/generate", data=request) as resp:
+            async with http.post(
+                f"{url}/generate", data=request, headers={ENCODING_HEADER: encoding}
+            ) as resp:
                 assert resp.status == 200, await resp.text()
                 body = await read_body(resp)
                 timing = parse_server_timing(resp.headers["Server-Timing"])
             out = wire.decode(body)
             elapsed = time.perf_counter() - start
             nbytes = len(body)
-            assert out["target_probs"].shape == (shape["batch"], shape["seq"], shape["draft"])
+            encodings.check(out, want)
             compute = sum(timing[p] for p in COMPUTE_PHASES)
             rounds.append(elapsed)
             transfers.append(elapsed - compute)
@@ -167,6 +180,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, help="transfers per shape (default: 9 for 8b, 27 for small)")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument(
+        "--encoding",
+        nargs="+",
+        choices=encodings.ENCODINGS,
+        help="also time these supervision encodings and compare their tokens/s with nemo's",
+    )
     args = parser.parse_args()
     mp.set_start_method("spawn")
     print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, medians")
@@ -174,15 +193,21 @@ def main() -> None:
         f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
         f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19}"
     )
+    per_encoding = []
     for name in args.shapes:
         shape, repeats = SHAPES[name], args.repeats or DEFAULT_REPEATS[name]
         ports = mp.Queue()
         server = mp.Process(target=_serve, args=(ports, shape), daemon=True)
         server.start()
         try:
-            url = f"http://127.0.0.1:{ports.get(timeout=60)}"
+            url = f"http://127.0.0.1:{ports.get(timeout=120)}"
             nbytes, rounds, transfers = asyncio.run(http_generate(url, shape, repeats))
             nemo = nemo_client_transfer_seconds(url, shape, max(3, repeats // 3))
+            compact = {
+                encoding: asyncio.run(http_generate(url, shape, repeats, encoding))
+                for encoding in args.encoding or []
+                if encoding != encodings.NEMO
+            }
         finally:
             server.kill()
         tcp = statistics.median(raw_tcp_seconds(nbytes, repeats))
@@ -195,6 +220,20 @@ def main() -> None:
             f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f} "
             f"{mb / tcp_fresh:19.0f}"
         )
+        if args.encoding:
+            tokens = shape["batch"] * shape["seq"]
+            nemo_tps, tcp_tps = tokens / statistics.median(transfers), tokens / tcp
+            per_encoding.append((name, "raw TCP", nbytes / tokens, tcp_tps, tcp_tps / nemo_tps, 1.0))
+            for encoding in args.encoding:
+                size, _, times = (
+                    (nbytes, rounds, transfers) if encoding == encodings.NEMO else compact[encoding]
+                )
+                tps = tokens / statistics.median(times)
+                per_encoding.append((name, encoding, size / tokens, tps, tps / nemo_tps, tps / tcp_tps))
+    if per_encoding:
+        print(f"\n{'shape':6} {'encoding':9} {'B/token':>9} {'tokens/s':>10} {'x nemo':>7} {'x raw TCP':>10}")
+        for name, encoding, per_token, tps, vs_nemo, vs_tcp in per_encoding:
+            print(f"{name:6} {encoding:9} {per_token:9.0f} {tps:10.0f} {vs_nemo:7.2f} {vs_tcp:10.2f}")
 
 
 if __name__ == "__main__":

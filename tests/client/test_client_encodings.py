@@ -25,7 +25,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-3}
 
 def fetch(url: str, encoding: str, batches) -> tuple[dict[str, str], list[dict[str, torch.Tensor]]]:
     vocab = draft_vocab()
-    with RemoteTargetBackend(url, options=dataclasses.replace(FAST, encoding=encoding)) as backend:
+    with RemoteTargetBackend(url, options=FAST, encoding=encoding) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         return backend.encodings, [backend.generate_batch(*b).as_dict() for b in batches]
 
@@ -64,7 +64,7 @@ def test_a_server_without_encodings_gets_nemo_and_refuses_anything_else(farm):
     for key, value in expected(runner, vocab, *batch).items():
         assert torch.equal(got[0][key], value), key
     with pytest.raises(EncodingError, match=f"{url} does not offer encoding 'logits' \\(it offers nemo\\)"):
-        RemoteTargetBackend(url, options=dataclasses.replace(FAST, encoding="logits"))
+        RemoteTargetBackend(url, options=FAST, encoding="logits")
 
 
 def test_a_joining_server_that_lacks_the_encoding_is_refused_and_the_pool_goes_on(farm):
@@ -79,7 +79,7 @@ def test_a_joining_server_that_lacks_the_encoding_is_refused_and_the_pool_goes_o
 
 def test_an_unknown_encoding_is_refused_before_any_network_work():
     with pytest.raises(ValueError, match="unknown encoding 'zstd'; choose auto, nemo, logits, hidden"):
-        PoolOptions(encoding="zstd")
+        RemoteTargetBackend("http://127.0.0.2:9", encoding="zstd")
 
 
 class TruncatingServer(TargetServer):

@@ -13,7 +13,7 @@ import concurrent.futures
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -96,8 +96,8 @@ class RemoteTargetBackend:
     ``auth_token``: default: the file named by $EAGLE3_TARGET_AUTH_TOKEN_FILE.
     ``nameserver``: "host[:port]" of the DNS server to ask; default: the system's.
     ``device``: where batches land; default: the device of each call's input_ids.
-    ``options.encoding``: "auto" (default), "nemo", "logits" or "hidden" (see protocol/encodings.py);
-    a server that does not offer the one asked for is refused with an EncodingError.
+    ``encoding``: "auto", "nemo", "logits" or "hidden" (see protocol/encodings.py); default:
+    ``options.encoding``, itself "auto". A server that does not offer it is refused (EncodingError).
     """
 
     def __init__(
@@ -108,7 +108,11 @@ class RemoteTargetBackend:
         nameserver: str | None = None,
         device: torch.device | str | None = None,
         options: PoolOptions | None = None,
+        encoding: str | None = None,
     ):
+        options = options or PoolOptions()
+        if encoding is not None:
+            options = replace(options, encoding=encoding)  # validated by PoolOptions
         if endpoints is None:
             endpoints = default_spec()
         text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
