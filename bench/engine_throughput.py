@@ -65,8 +65,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rows", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--draft-vocab", type=int, default=8192)
     args = parser.parse_args()
 
