@@ -40,6 +40,8 @@ def test_every_name_follows_the_full_name_override(overridden):
         ("ServiceAccount", "fleet-a-operator"),
         ("ClusterRole", "fleet-a-operator"),
         ("ClusterRoleBinding", "fleet-a-operator"),
+        ("Role", "fleet-a-operator-leader-election"),
+        ("RoleBinding", "fleet-a-operator-leader-election"),
         ("Deployment", "fleet-a-operator"),
         ("Eagle3Target", "fleet-a"),
         ("PodDisruptionBudget", "fleet-a"),

@@ -274,10 +274,20 @@ def test_operator_rbac_mirrors_manifests(renders):
     ]
 
     scoped = renders["watch-namespaces"]
-    roles = find(scoped, "Role")
+    roles = [r for r in find(scoped, "Role") if r["metadata"]["name"] == f"{RELEASE}-operator"]
     assert {r["metadata"]["namespace"] for r in roles} == {"trainers", "research"}
     assert all(r["rules"] == reference for r in roles)
-    assert {r["metadata"]["namespace"] for r in find(scoped, "RoleBinding")} == {"trainers", "research"}
+    bindings = [b for b in find(scoped, "RoleBinding") if b["metadata"]["name"] == f"{RELEASE}-operator"]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"trainers", "research"}
+
+    # leader election: the Lease in the operator's own namespace, whatever it watches
+    lease_role = one(manifests, "Role", "eagle3-target-operator-leader-election")
+    for render in (cluster, scoped):
+        role = one(render, "Role", f"{RELEASE}-operator-leader-election")
+        assert role["rules"] == lease_role["rules"] and role["metadata"]["namespace"] == NAMESPACE
+        binding = one(render, "RoleBinding", f"{RELEASE}-operator-leader-election")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"][0]["name"] == f"{RELEASE}-operator"
     namespaces = one(scoped, "ClusterRole", f"{RELEASE}-operator-namespaces")
     assert namespaces["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}

@@ -124,6 +124,11 @@ def test_rbac_grants_only_what_the_operator_uses():
     assert grants[("eagle3.dev", "eagle3targets/status")] == {"get", "patch"}
     assert grants[("eagle3.dev", "eagle3targets/finalizers")] == {"update"}  # for blockOwnerDeletion
     assert all("*" not in verbs for verbs in grants.values())
+    lease = next(d for d in load_all("rbac.yaml") if d["kind"] == "Role")  # leader election, own namespace
+    assert lease["metadata"]["namespace"] == "eagle3-system"
+    assert lease["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}
+    ]
     assert not any(r in ("secrets", "nodes") for _, r in grants)
 
 

@@ -10,7 +10,7 @@ import sys
 
 import aiohttp
 
-from .operator_support import SPEC, condition
+from .operator_support import SPEC, condition, ready_all
 
 
 async def test_create_makes_pods_services_configmap_and_status(operator):
@@ -268,3 +268,53 @@ async def test_cli_runs_the_operator_with_liveness_and_stops_on_sigterm(cluster)
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)
     assert code == 0
+
+
+async def spawn_operator(image: str, *extra: str) -> asyncio.subprocess.Process:
+    args = ["-m", "eagle3_target.cli", "operator", "-A", "--liveness", "", "--interval", "0.2"]
+    return await asyncio.create_subprocess_exec(sys.executable, *args, "--default-image", image, *extra)
+
+
+async def stop_operator(proc: asyncio.subprocess.Process) -> int:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_two_operators_at_once_one_acts_and_the_other_takes_over(cluster):
+    """Two releases (or an upgrade's surge) run two operators with different default images: one holds the
+    Lease and acts, the other writes nothing; when the leader goes, the other takes over without restarts."""
+    procs = {image: await spawn_operator(image) for image in ("registry.test/a:1", "registry.test/b:1")}
+    try:
+        await cluster.create_target("llama", {**SPEC, "replicas": 3})
+        uids = await ready_all(cluster, 3)
+        lease = (await cluster.eventually(lambda: cluster.leases()))["eagle3-target-operator"]
+        leader_image = cluster.target("llama")["status"]["image"]
+        start = len(cluster.kube.pod_history)
+        for _ in range(20):  # two seconds, ten resyncs of each operator
+            pods = cluster.pods()
+            assert {n: p["metadata"]["uid"] for n, p in pods.items()} == uids
+            assert {p["spec"]["containers"][0]["image"] for p in pods.values()} == {leader_image}
+            assert cluster.target("llama")["status"]["image"] == leader_image
+            await asyncio.sleep(0.1)
+        assert all(total == 3 for total, _ in cluster.kube.pod_history[start:])
+        assert lease["spec"]["holderIdentity"] and lease["spec"]["leaseDurationSeconds"] == 15
+
+        assert await stop_operator(procs.pop(leader_image)) == 0  # releases the Lease on its way out
+        (standby,) = procs
+        await cluster.eventually(
+            lambda: (
+                cluster.leases()["eagle3-target-operator"]["spec"].get("holderIdentity")
+                not in (None, lease["spec"]["holderIdentity"])
+            ),
+            timeout=30,
+        )
+        await cluster.patch_target("llama", {"spec": {"replicas": 4}})
+        await cluster.eventually(lambda: "llama-3" in cluster.pods(), timeout=30)
+        pods = cluster.pods()
+        assert {n: pods[n]["metadata"]["uid"] for n in uids} == uids  # nothing restarted
+        assert pods["llama-3"]["spec"]["containers"][0]["image"] == leader_image  # the fleet's image, not b's
+        assert standby != leader_image
+    finally:
+        for proc in procs.values():
+            await stop_operator(proc)
