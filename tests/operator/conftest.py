@@ -137,7 +137,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new = copy.deepcopy(old)
             _apply_merge(new, request.data or {})
         if request.subresource == "status":  # only status changes through /status
-            new = {**old, "status": new.get("status")}
+            new = {**old, "metadata": copy.deepcopy(old["metadata"]), "status": new.get("status")}
         elif new.get("spec") != old.get("spec"):  # main resource or /scale
             new.setdefault("metadata", {})["generation"] = old.get("metadata", {}).get("generation", 1) + 1
         new.setdefault("metadata", {})["resourceVersion"] = self._next_version()

@@ -287,7 +287,7 @@ async def test_two_operators_at_once_one_acts_and_the_other_takes_over(cluster):
     procs = {image: await spawn_operator(image) for image in ("registry.test/a:1", "registry.test/b:1")}
     try:
         await cluster.create_target("llama", {**SPEC, "replicas": 3})
-        uids = await ready_all(cluster, 3)
+        uids = await ready_all(cluster, 3, timeout=60)  # two interpreters starting on a busy machine
         lease = (await cluster.eventually(lambda: cluster.leases()))["eagle3-target-operator"]
         leader_image = cluster.target("llama")["status"]["image"]
         start = len(cluster.kube.pod_history)

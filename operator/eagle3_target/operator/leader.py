@@ -54,8 +54,8 @@ class LeaseElector:
         while True:
             try:
                 acquired = await self._try_acquire_or_renew()
-            except (kr8s.ServerError, OSError) as e:  # API unreachable or refusing: not renewed
-                log.warning("leader election: %s", e)
+            except Exception as e:  # refused, unreachable, timed out: not renewed, and the loop must go on
+                log.warning("leader election: %s: %s", type(e).__name__, e)
                 acquired = False
             if acquired:
                 self._renewed_at = self._now()
@@ -123,9 +123,7 @@ class LeaseElector:
         return True
 
     async def release(self) -> None:
-        """On shutdown: give the lease up so that a standby need not wait for it to expire."""
-        if not self.is_leader:
-            return
+        """On shutdown: give the lease up (if still ours) so that a standby need not wait for it to expire."""
         self.is_leader = False
         lease = Lease(
             {"metadata": {"name": self.config.lease_name, "namespace": self.namespace}}, api=self.api
@@ -136,5 +134,5 @@ class LeaseElector:
                 version = lease.raw["metadata"]["resourceVersion"]
                 spec = {"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": _micro_time()}
                 await lease.patch({"metadata": {"resourceVersion": version}, "spec": spec})
-        except (kr8s.ServerError, OSError) as e:
-            log.warning("leader election: could not release the lease: %s", e)
+        except Exception as e:  # shutting down anyway: the lease then expires by itself
+            log.warning("leader election: could not release the lease: %s: %s", type(e).__name__, e)
