@@ -291,6 +291,8 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
+        if self.log.closed:
+            return ""
         logs = self.logs()
         self.log.close()
         return logs

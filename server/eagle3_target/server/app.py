@@ -13,6 +13,7 @@ import hmac
 import logging
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class ServerOptions:
     p2p: bool = True
     p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
+    write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
 
 
 class TargetServer:
@@ -261,10 +263,18 @@ class TargetServer:
         try:
             await response.prepare(request)
             for chunk in blob.chunks():
-                await response.write(chunk)
+                async with asyncio.timeout(self.options.write_timeout):
+                    await response.write(chunk)
             await response.write_eof()
-        except ConnectionError as exc:  # the client hung up: routine for a trainer that was stopped
-            log.debug("%s %s: client went away mid-response: %s", request.method, request.path, exc)
+        except (ConnectionError, TimeoutError) as exc:
+            # The client hung up (routine for a trainer that was stopped) or stopped reading
+            # (TimeoutError: --write-timeout). abort(), not close(): close() waits for a stalled
+            # reader to drain. asyncio keeps exc in a reference cycle (a drain future and the
+            # frames awaiting it), which would hold this response's tensors until the cyclic GC.
+            log.debug("%s %s: client went away mid-response: %r", request.method, request.path, exc)
+            if request.transport is not None:
+                request.transport.abort()
+            _forget_traceback(exc)
             request[CLIENT_CLOSED_KEY] = True
         return response
 
@@ -412,6 +422,14 @@ class TargetServer:
             log.info("--exit-on-disconnect: stopping after this response")
             asyncio.get_running_loop().call_soon(self.stopped.set)
         return web.json_response({"status": "ok"})
+
+
+def _forget_traceback(exc: BaseException | None) -> None:
+    """Cut an exception (and its context) loose from its frames and their local variables."""
+    while exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _server_timing(timings: dict[str, float]) -> str:

@@ -96,6 +96,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_MAX_BATCH_TOKENS})",
     )
     p.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=30.0,
+        help="close connections idle, or still sending headers, this many seconds (default 30)",
+    )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=60.0,
+        help="drop a client that takes no 4 MiB slice of a response in this many seconds (default 60)",
+    )
+    p.add_argument(
         "--session-ttl",
         type=float,
         default=3600.0,
@@ -187,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(
         max_body_bytes=args.max_body_bytes,
         max_batch_tokens=args.max_batch_tokens,
+        keepalive_timeout=args.keepalive_timeout,
+        write_timeout=args.write_timeout,
         session_ttl=args.session_ttl,
         exit_on_disconnect=args.exit_on_disconnect,
         auth_token=token,

@@ -1,0 +1,127 @@
+"""Memory and connections of a real server process under hung-up, stalled and many clients."""
+
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+import torch
+from hostile_support import Case, ServerProcess, raw_request
+from prometheus_client.parser import text_string_to_metric_families
+from target_support import generate_body, vocab_body
+
+from eagle3_target.protocol import spec
+
+V = 1024
+# A 302 MB response that costs little compute: S=3072, aux 3 x 16384 bf16 (the synthetic runner's
+# forward is a gather), fp32 probs over a small vocab.
+BIG = dict(hidden_size=16384, vocab_size=V)
+BIG_SEQ = 3072
+SESSION = [(spec.SESSION_HEADER.encode(), b"s")]
+
+
+def generate_request(seq: int) -> bytes:
+    body = generate_body(torch.zeros(1, seq, dtype=torch.long))
+    head = f"POST /generate HTTP/1.1\r\nHost: t\r\n{spec.SESSION_HEADER}: s\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def set_mapping(srv: ServerProcess, vocab: int) -> None:
+    body = vocab_body(torch.arange(vocab), torch.ones(vocab, dtype=torch.bool))
+    assert (
+        await raw_request("127.0.0.1", srv.port, Case("POST", "/set_vocab_mapping", SESSION, body))
+    ).status == 200
+
+
+async def requests_with_code(srv: ServerProcess, endpoint: str, code: str) -> float:
+    reply = await raw_request("127.0.0.1", srv.port, Case("GET", "/metrics", [], b""))
+    for family in text_string_to_metric_families(reply.body.decode()):
+        for sample in family.samples:
+            if sample.name == "eagle3_target_requests_total" and sample.labels == {
+                "endpoint": endpoint,
+                "code": code,
+            }:
+                return sample.value
+    return 0.0
+
+
+async def settle(srv: ServerProcess, limit_mb: float, timeout: float = 20.0) -> float:
+    """Poll until RSS is under limit_mb (or the timeout passes); return the last reading."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (rss := srv.rss_mb()) > limit_mb and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.5)
+    return rss
+
+
+async def hang_up(port: int, request: bytes) -> None:
+    """Send a /generate, read the first MiB of the answer, then vanish."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await reader.readexactly(1 << 20)
+    writer.transport.abort()
+
+
+async def test_responses_of_clients_that_hung_up_are_freed_at_once():
+    with ServerProcess(BIG, max_batch_tokens=1 << 20) as srv:
+        await set_mapping(srv, V)
+        baseline = srv.rss_mb()
+        request = generate_request(BIG_SEQ)
+        for _ in range(6):
+            await asyncio.gather(*(hang_up(srv.port, request) for _ in range(8)))
+        rss = await settle(srv, baseline + 300)
+        assert rss <= baseline + 300, (
+            f"RSS {rss:.0f} MB after 48 hung-up 302 MB responses, baseline {baseline:.0f} MB"
+        )
+        assert await requests_with_code(srv, "generate", "499") == 48
+        assert "Traceback" not in srv.logs()
+
+
+async def test_a_reader_that_stalls_is_dropped_after_the_write_timeout():
+    with ServerProcess(BIG, max_batch_tokens=1 << 20, write_timeout=2.0) as srv:
+        await set_mapping(srv, V)
+        baseline = srv.rss_mb()
+        stalled = []
+        for _ in range(3):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", srv.port))
+            sock.sendall(generate_request(BIG_SEQ))
+            stalled.append(sock)  # open, never read
+        try:
+            async with asyncio.timeout(120):
+                while await requests_with_code(srv, "generate", "499") < 3:
+                    await asyncio.sleep(0.5)
+            rss = await settle(srv, baseline + 300)
+            assert rss <= baseline + 300, (
+                f"RSS {rss:.0f} MB with 3 stalled readers dropped, baseline {baseline:.0f} MB"
+            )
+        finally:
+            for sock in stalled:
+                sock.close()
+
+
+async def test_rss_stays_flat_over_3000_valid_requests():
+    with ServerProcess(dict(vocab_size=512)) as srv:
+        await set_mapping(srv, 512)
+        body = generate_body(torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0)))
+        headers = {spec.SESSION_HEADER: "s"}
+        async with aiohttp.ClientSession() as http:
+
+            async def run(n: int) -> None:
+                for _ in range(n):
+                    async with http.post(f"{srv.url}/generate", data=body, headers=headers) as resp:
+                        assert resp.status == 200
+                        await resp.read()
+
+            await asyncio.gather(*(run(125) for _ in range(4)))  # warm: allocator pools, metric series
+            warm = srv.rss_mb()
+            await asyncio.gather(*(run(625) for _ in range(4)))
+            after = srv.rss_mb()
+        assert after - warm < 50, (
+            f"RSS grew {after - warm:.0f} MB over 2500 more requests ({warm:.0f} -> {after:.0f})"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
