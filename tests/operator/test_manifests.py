@@ -265,3 +265,29 @@ def test_the_longest_admitted_name_fits_every_derived_name():
     for child in builders.children(spec, name, "ml"):  # Service names are DNS labels, the rest subdomains
         assert len(child["metadata"]["name"]) <= (63 if child["kind"] == "Service" else 253), child["kind"]
     assert builders.name_problems(name) == [] and builders.name_problems(name + "x")
+
+
+def test_operator_settings_come_from_flags_and_environment_at_startup(monkeypatch):
+    import argparse
+    from importlib import metadata
+
+    from eagle3_target.operator import cli
+
+    def parse(*argv: str):
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        return cli.config_from(parser.parse_args(argv))
+
+    monkeypatch.delenv("EAGLE3_TARGET_IMAGE", raising=False)
+    monkeypatch.delenv("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", raising=False)
+    defaults = parse()
+    assert defaults.image == f"ghcr.io/eagle3-target/eagle3-target:{metadata.version('eagle3-target')}"
+    assert (defaults.stuck_pod_grace, defaults.leader_election, defaults.interval) == (300, True, 10)
+    monkeypatch.setenv("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", "0")
+    monkeypatch.setenv("EAGLE3_TARGET_IMAGE", "registry.test/x:1")
+    configured = parse("--no-leader-election")
+    assert (configured.stuck_pod_grace, configured.image, configured.leader_election) == (
+        0,
+        "registry.test/x:1",
+        False,
+    )
