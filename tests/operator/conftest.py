@@ -53,9 +53,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
     _latest: int = attrs.field(default=0, init=False)
     pod_history: list[tuple[int, int]] = attrs.field(factory=list, init=False)
-    refusals: dict[str, kmock.KubernetesError] = attrs.field(
-        factory=dict, init=False
-    )  # pod name -> admission
+    # pod name -> what admission answers to its creation
+    refusals: dict[str, kmock.KubernetesError] = attrs.field(factory=dict, init=False)
+    # resources ("group/version/plural") that answer 503 to everything
+    outages: set[str] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -74,6 +75,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return None if obj is None or obj.deleted else obj
 
     async def _handle(self, request: kmock.Request):
+        if request.resource is not None and any(request.resource == kmock.resource(r) for r in self.outages):
+            return await self._render_error(kmock.KubernetesError(status=503, reason="ServiceUnavailable"))
         if request.resource is not None and request.action in (
             kmock.action.CREATE,
             kmock.action.UPDATE,

@@ -318,3 +318,40 @@ async def test_two_operators_at_once_one_acts_and_the_other_takes_over(cluster):
     finally:
         for proc in procs.values():
             await stop_operator(proc)
+
+
+async def test_a_crashed_leaders_lease_expires_and_exactly_one_candidate_takes_it(cluster):
+    """No release (the leader's process died): the Lease is taken over only after a whole lease duration
+    without renewal, by one candidate of two, and the old leader stops acting once it cannot renew."""
+    import kr8s.asyncio
+
+    from eagle3_target.operator.config import OperatorConfig
+    from eagle3_target.operator.leader import LeaseElector
+
+    config = OperatorConfig(leader_election=True, lease_duration=1, renew_deadline=0.6, retry_period=0.1)
+    api = await kr8s.asyncio.api(kubeconfig=os.environ["KUBECONFIG"])
+    first = LeaseElector(api, config, cluster.namespace)
+    candidates = [LeaseElector(api, config, cluster.namespace) for _ in range(2)]
+    tasks = [asyncio.create_task(first.run())]
+    try:
+        await cluster.eventually(lambda: first.is_leader)
+        tasks += [asyncio.create_task(c.run()) for c in candidates]
+        await asyncio.sleep(1.5)  # renewed all along: nobody else gets it
+        assert first.is_leader and not any(c.is_leader for c in candidates)
+        cluster.kube.outages.add("coordination.k8s.io/v1/leases")  # nobody can renew or acquire
+        await cluster.eventually(lambda: not first.is_leader, timeout=5)  # the leader stops acting
+        assert not any(c.is_leader for c in candidates)
+        cluster.kube.outages.clear()
+        await cluster.eventually(lambda: first.is_leader, timeout=5)  # its own lease: renewed at once
+        tasks[0].cancel()  # the leader's process dies without releasing
+        taken = asyncio.get_running_loop().time()
+        await cluster.eventually(lambda: any(c.is_leader for c in candidates), timeout=10)
+        assert asyncio.get_running_loop().time() - taken >= 0.9  # not before the lease expired
+        await asyncio.sleep(0.5)
+        assert sum(c.is_leader for c in candidates) == 1
+        lease = cluster.leases()["eagle3-target-operator"]["spec"]
+        assert lease["holderIdentity"] in {c.identity for c in candidates} and lease["leaseTransitions"] == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
