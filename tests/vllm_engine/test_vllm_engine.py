@@ -137,6 +137,21 @@ def test_a_batch_over_the_engine_limits_is_refused_before_any_work(engines):
     assert err.value.status == 413 and "tokens in all" in err.value.detail
 
 
+def test_out_of_vocabulary_ids_are_refused_before_vllm_and_the_runner_keeps_serving(engines):
+    """vLLM does not check ids itself: its step fails inside the engine, which then hangs."""
+    vllm_runner, hf_runner = engines
+    input_ids, attention_mask, loss_mask = batch(2, 12, [12, 7], seed=7)
+    bad = input_ids.clone()
+    for wrong in (VOCAB, -1):
+        bad[0, 3] = wrong
+        with pytest.raises(RequestError) as err:
+            vllm_runner.forward(bad, attention_mask)
+        assert err.value.status == 422 and err.value.error == "token_out_of_range"
+    got = supervision(vllm_runner, input_ids, attention_mask, loss_mask, None)
+    want = supervision(hf_runner, input_ids, attention_mask, loss_mask, None)
+    assert_agree(got, want, attention_mask, atol=1e-4)
+
+
 def test_an_all_padding_batch_gives_zeros(engines):
     vllm_runner, _ = engines
     logits, aux = vllm_runner.forward(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5))

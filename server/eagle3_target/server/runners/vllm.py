@@ -98,7 +98,8 @@ class Capture:
         self.steps[-1]["final"] = output[0] if isinstance(output, tuple) else output
 
     def take(self, input_ids: torch.Tensor, positions: torch.Tensor):
-        """Logits [T, V] and aux [T, 3H] of the tokens sent, checked to be exactly those, in order."""
+        """Logits [T, V], aux [T, 3H] and final states [T, H] of the tokens sent, checked to be
+        exactly those, in order; the recorded steps are dropped either way."""
         steps, self.steps = self.steps, []
         count = len(input_ids)
         # The batch's step: its first T tokens are the rows sent, back to back (a step may be padded).
@@ -313,6 +314,10 @@ class VLLMRunner:
             )
         self.check_capacity(lengths)
         flat = input_ids[mask].cpu()
+        if flat.min() < 0 or flat.max() >= self.info.vocab_size:
+            # An error inside vLLM's step leaves the in-process engine stuck: never send it one.
+            # (the server checks this already: this guards other callers of the runner)
+            raise RequestError(422, "token_out_of_range", f"input_ids must be in [0, {self.info.vocab_size})")
         bounds = list(itertools.accumulate(lengths, initial=0))
         tokens = flat.tolist()
         prompts = [{"prompt_token_ids": tokens[a:b]} for a, b in itertools.pairwise(bounds)]
