@@ -227,8 +227,43 @@ async def test_a_nemo_client_keeps_its_mapping_across_an_idle_pause_longer_than_
         assert (
             await srv.post("generate", body, headers={"X-Eagle3-Session": "ours"})
         ).status == 409  # re-sends
-        await srv.post("disconnect", b"{}")  # a goodbye forgets the mapping
-        assert (await srv.post("generate", body)).status == 409
+
+
+async def test_nemo_trainers_sharing_an_address_survive_each_others_disconnect():
+    """Header-less trainers on one node are one session: one's goodbye must not strand the other."""
+    async with serve(lambda: SyntheticRunner(vocab_size=V)) as srv:
+        body = generate_body(torch.zeros(1, 4, dtype=torch.long))
+        mapping = vocab_body(*draft_vocab())
+        assert (await srv.post("set_vocab_mapping", mapping)).status == 200  # trainer 1
+        assert (await srv.post("set_vocab_mapping", mapping)).status == 200  # trainer 2, same mapping
+        assert (await srv.post("disconnect", b"{}")).status == 200  # trainer 1 is done
+        assert (await srv.post("generate", body)).status == 200  # trainer 2 goes on
+        assert b"eagle3_target_peer_mapping_conflicts_total 0.0" in await _metrics(srv)
+
+        # Different mappings on one address: the last wins, with a warning and a counted conflict.
+        assert (await srv.post("set_vocab_mapping", vocab_body(*draft_vocab(50, seed=1)))).status == 200
+        assert b"eagle3_target_peer_mapping_conflicts_total 1.0" in await _metrics(srv)
+
+
+async def _metrics(srv) -> bytes:
+    async with srv.http.get(f"{srv.url}/metrics") as resp:
+        return await resp.read()
+
+
+async def test_sessions_past_max_sessions_get_429_and_live_ones_keep_working():
+    async with serve(lambda: SyntheticRunner(vocab_size=V), ServerOptions(max_sessions=2)) as srv:
+        body = generate_body(torch.zeros(1, 4, dtype=torch.long))
+        mapping = vocab_body(*draft_vocab())
+        for name in ("a", "b"):
+            assert (
+                await srv.post("set_vocab_mapping", mapping, headers={"X-Eagle3-Session": name})
+            ).status == 200
+        async with srv.http.post(f"{srv.url}/model_info", headers={"X-Eagle3-Session": "c"}) as resp:
+            assert resp.status == 429 and resp.headers["Retry-After"] == "30"
+            assert (await resp.json())["error"] == "too_many_requests"
+        assert (await srv.post("generate", body, headers={"X-Eagle3-Session": "a"})).status == 200
+        await srv.post("disconnect", b"{}", headers={"X-Eagle3-Session": "b"})
+        assert (await srv.post("model_info", headers={"X-Eagle3-Session": "c"})).status == 200
 
 
 async def test_exit_on_disconnect_keeps_nemo_behaviour():

@@ -31,7 +31,7 @@ from .dataplane import DataPlane, PortRange
 from .metrics import ServerMetrics
 from .requests import RequestError, parse_generate, parse_vocab_mapping
 from .runners import TargetRunner
-from .sessions import Session, SessionTable, session_id
+from .sessions import DEFAULT_MAX_SESSIONS, PEER_PREFIX, Session, SessionLimit, SessionTable, session_id
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 # seconds (attention is quadratic in S); a GPU target with memory to spare raises it.
 DEFAULT_MAX_BATCH_TOKENS = 8192
 INIT_NCCL_MAX_BYTES = 64 << 10  # a small JSON object
+SESSION_RETRY_AFTER = 30  # seconds a client past --max-sessions is asked to wait
 WARMUP_TOKENS = 8
 CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
 CLIENT_CLOSED_KEY = "eagle3_target.client_closed"  # set on a request whose client hung up mid-response
@@ -59,6 +60,7 @@ class ServerOptions:
     p2p: bool = True
     p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
 
 
@@ -69,7 +71,7 @@ class TargetServer:
         self.loader = loader
         self.options = options or ServerOptions()
         self.metrics = ServerMetrics()
-        self.sessions = SessionTable(self.options.session_ttl)
+        self.sessions = SessionTable(self.options.session_ttl, max_sessions=self.options.max_sessions)
         self.runner: TargetRunner | None = None
         self.load_error: BaseException | None = None
         self.stopped = asyncio.Event()  # set by --exit-on-disconnect or a failed load
@@ -252,7 +254,13 @@ class TargetServer:
         return session_id(request.headers.get(spec.SESSION_HEADER), request.remote)
 
     def _session(self, request: web.Request) -> Session:
-        session = self.sessions.touch(self._session_id(request))
+        try:
+            session = self.sessions.touch(self._session_id(request))
+        except SessionLimit as exc:
+            # Live sessions keep working; a new one waits for an old one to end or expire.
+            raise web.HTTPTooManyRequests(
+                text=str(exc), headers={"Retry-After": str(SESSION_RETRY_AFTER)}
+            ) from None
         self.metrics.sessions.set(len(self.sessions))
         return session
 
@@ -320,6 +328,19 @@ class TargetServer:
         body = bytearray(await request.read())
         # Off the event loop: validating a 64 MiB body must not stall /livez and /health.
         vocab = await asyncio.to_thread(parse_vocab_mapping, body, runner.info.vocab_size, runner.info.device)
+        if (
+            session.id.startswith(PEER_PREFIX)
+            and session.vocab is not None
+            and not _same(session.vocab, vocab)
+        ):
+            # Header-less (NeMo) trainers on one node share this session: the last mapping wins for all.
+            log.warning(
+                "session %s: a different vocab mapping replaces the current one; trainers sharing an "
+                "address should each send %s",
+                session.id,
+                spec.SESSION_HEADER,
+            )
+            self.metrics.peer_mapping_conflicts.inc()
         session.vocab = vocab  # a forward already running keeps the mapping it was handed
         return web.json_response({"status": "ok"})
 
@@ -438,7 +459,7 @@ def _server_timing(timings: dict[str, float]) -> str:
 
 
 def _error(status: int, error: str, detail: str, headers=None) -> web.Response:
-    keep = {k: v for k, v in (headers or {}).items() if k.lower() == "allow"}
+    keep = {k: v for k, v in (headers or {}).items() if k.lower() in ("allow", "retry-after")}
     return web.json_response({"error": error, "detail": detail}, status=status, headers=keep)
 
 
@@ -450,6 +471,12 @@ def _offered(runner: TargetRunner, encoding: str) -> str:
             f"encoding {encoding!r} is not offered; this server offers {', '.join(runner.info.encodings)}",
         )
     return encoding
+
+
+def _same(a: VocabMapping, b: VocabMapping) -> bool:
+    return torch.equal(a.selected_token_ids, b.selected_token_ids) and torch.equal(
+        a.selected_token_mask, b.selected_token_mask
+    )
 
 
 def _vocab(session: Session) -> VocabMapping:

@@ -20,6 +20,7 @@ from .app import (
 )
 from .dataplane import PortRange
 from .runners.base import EMBEDDED_MODEL
+from .sessions import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         help="drop a client that takes no 4 MiB slice of a response in this many seconds (default 60)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=DEFAULT_MAX_SESSIONS,
+        help=f"new client sessions past this many get 429 (default {DEFAULT_MAX_SESSIONS})",
     )
     p.add_argument(
         "--session-ttl",
@@ -200,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_batch_tokens=args.max_batch_tokens,
         keepalive_timeout=args.keepalive_timeout,
+        max_sessions=args.max_sessions,
         write_timeout=args.write_timeout,
         session_ttl=args.session_ttl,
         exit_on_disconnect=args.exit_on_disconnect,

@@ -48,6 +48,11 @@ class ServerMetrics:
         self.sessions = Gauge(
             "eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r
         )
+        self.peer_mapping_conflicts = Counter(
+            "eagle3_target_peer_mapping_conflicts_total",
+            "Vocab mappings that replaced a different one in a session named by peer address",
+            registry=r,
+        )
         self.heartbeat_timestamp = Gauge(
             "eagle3_target_heartbeat_timestamp_seconds",
             "Unix time of the last heartbeat from any client",

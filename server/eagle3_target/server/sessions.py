@@ -7,13 +7,17 @@ Whoever owns per-session resources (the data plane) subscribes to endings.
 
 A NeMo client never heartbeats and cannot re-send its mapping, so an idle
 pause longer than the ttl (a long evaluation, say) must not cost it the
-mapping: when a peer-named session expires, its mapping is kept for that
-peer's next request. Its other resources are released as usual.
+mapping: when a peer-named session ends, by expiry or /disconnect, its mapping
+is kept for that peer's next request. Several NeMo trainers on one node share
+one peer address, so one's /disconnect must not strand the others. Its other
+resources are released as usual. Kept mappings are bounded (oldest dropped),
+and so is the number of live sessions.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +25,12 @@ from typing import Any
 from eagle3_target.protocol.supervision import VocabMapping
 
 PEER_PREFIX = "peer:"
+DEFAULT_MAX_SESSIONS = 1024
+MAX_KEPT_MAPPINGS = 256
+
+
+class SessionLimit(Exception):
+    """A new session past max_sessions: the client should retry later."""
 
 
 def session_id(header: str | None, peer: str | None) -> str:
@@ -36,11 +46,17 @@ class Session:
 
 
 class SessionTable:
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ):
         self.ttl = ttl
+        self.max_sessions = max_sessions
         self._clock = clock
         self._sessions: dict[str, Session] = {}
-        self._kept_vocab: dict[str, VocabMapping] = {}  # expired peer-named sessions' mappings
+        self._kept_vocab: OrderedDict[str, VocabMapping] = OrderedDict()  # ended peer-named sessions
         self._on_end: list[Callable[[Session], None]] = []
 
     def __len__(self) -> int:
@@ -53,6 +69,8 @@ class SessionTable:
         now = self._clock()
         session = self._sessions.get(session_id)
         if session is None:
+            if len(self._sessions) >= self.max_sessions:
+                raise SessionLimit(f"this server already holds {self.max_sessions} sessions")
             vocab = self._kept_vocab.pop(session_id, None)
             session = self._sessions[session_id] = Session(session_id, now, vocab)
         session.last_seen = now
@@ -62,6 +80,10 @@ class SessionTable:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return False
+        if session_id.startswith(PEER_PREFIX) and session.vocab is not None:
+            self._kept_vocab[session_id] = session.vocab
+            while len(self._kept_vocab) > MAX_KEPT_MAPPINGS:
+                self._kept_vocab.popitem(last=False)
         for callback in self._on_end:
             callback(session)
         return True
@@ -73,9 +95,6 @@ class SessionTable:
         deadline = self._clock() - self.ttl
         stale = [sid for sid, s in self._sessions.items() if s.last_seen < deadline]
         for sid in stale:
-            vocab = self._sessions[sid].vocab
-            if sid.startswith(PEER_PREFIX) and vocab is not None:
-                self._kept_vocab[sid] = vocab
             self.end(sid)
         return stale
 
