@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -12,9 +14,10 @@ import urllib.request
 
 import pytest
 from aiohttp import web
-from dnslib import QTYPE, RR, SRV, A
-from dnslib.server import BaseResolver, DNSLogger, DNSServer
+from dnslib import AAAA, QTYPE, RR, SRV, A
+from dnslib.server import BaseResolver, DNSLogger, DNSServer, TCPServer, UDPServer
 
+from eagle3_target.client.endpoints import base_url
 from eagle3_target.server.app import ServerOptions, TargetServer
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
@@ -22,7 +25,7 @@ from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 
 class FakeDNS(BaseResolver):
-    """Serves A and SRV records from a table a test can change at any time (UDP and TCP, same port)."""
+    """Serves A, AAAA and SRV records from a table a test can change at any time (UDP and TCP, same port)."""
 
     def __init__(self):
         self.records: dict[tuple[str, str], list] = {}
@@ -32,6 +35,10 @@ class FakeDNS(BaseResolver):
     def set_a(self, name: str, ips: list[str]) -> None:
         with self.lock:
             self.records[(name.rstrip(".") + ".", "A")] = [A(ip) for ip in ips]
+
+    def set_aaaa(self, name: str, ips: list[str]) -> None:
+        with self.lock:
+            self.records[(name.rstrip(".") + ".", "AAAA")] = [AAAA(ip) for ip in ips]
 
     def set_srv(self, name: str, targets: list[tuple[str, int]]) -> None:
         with self.lock:
@@ -56,21 +63,47 @@ class FakeDNS(BaseResolver):
         return reply
 
 
-@pytest.fixture
-def dns_server():
+class _UDPServer6(UDPServer):
+    address_family = socket.AF_INET6
+
+
+class _TCPServer6(TCPServer):
+    address_family = socket.AF_INET6
+
+
+@contextlib.contextmanager
+def serve_dns(host: str):
+    """A FakeDNS on host (IPv4 or IPv6 loopback), UDP and TCP on one port; .address is "host:port" for
+    make_resolver, with an IPv6 host in brackets."""
     fake = FakeDNS()
     quiet = DNSLogger(log="-request,-reply,-truncated,-error,-recv,-send,-data")
-    udp = DNSServer(fake, address="127.0.0.1", port=0, logger=quiet)
+    v6 = ":" in host
+    udp = DNSServer(fake, address=host, port=0, logger=quiet, server=_UDPServer6 if v6 else None)
     port = udp.server.server_address[1]
-    tcp = DNSServer(fake, address="127.0.0.1", port=port, tcp=True, logger=quiet)
+    tcp = DNSServer(fake, address=host, port=port, tcp=True, logger=quiet, server=_TCPServer6 if v6 else None)
     udp.start_thread()
     tcp.start_thread()
-    fake.address = f"127.0.0.1:{port}"
-    yield fake
-    udp.stop()
-    tcp.stop()
-    udp.server.server_close()
-    tcp.server.server_close()
+    fake.address = f"[{host}]:{port}" if v6 else f"{host}:{port}"
+    try:
+        yield fake
+    finally:
+        udp.stop()
+        tcp.stop()
+        udp.server.server_close()
+        tcp.server.server_close()
+
+
+@pytest.fixture
+def dns_server():
+    with serve_dns("127.0.0.1") as fake:
+        yield fake
+
+
+@pytest.fixture
+def dns_server_v6():
+    """The same DNS server, reached over IPv6 (as in an IPv6-only cluster)."""
+    with serve_dns("::1") as fake:
+        yield fake
 
 
 # -- in-process servers ----------------------------------------------------------------------
@@ -111,7 +144,7 @@ class ServerFarm:
             return runner, runner.addresses[0][1]
 
         runner, bound = self._run(up())
-        url = f"http://{host}:{bound}"
+        url = base_url(host, bound)
         self.servers[url] = (server, runner)
         wait_healthy(url)
         return url

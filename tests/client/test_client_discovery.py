@@ -115,3 +115,19 @@ def test_a_connection_error_triggers_resolution_at_once(farm, dns_server):
         inputs = make_batch(1)
         assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
         assert [m.url for m in backend.pool.healthy()] == [new]
+
+
+def test_an_ipv6_only_fleet_serves_batches(farm, dns_server_v6):
+    """DNS over IPv6, AAAA records only, a server on ::1: the client finds it, brackets it and gets batches."""
+    url = farm.start("::1")
+    port = int(url.rpartition(":")[2])
+    dns_server_v6.set_aaaa(SERVICE, ["::1"])
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with RemoteTargetBackend(
+        f"dns://{SERVICE}:{port}", nameserver=dns_server_v6.address, options=OPTIONS
+    ) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        inputs = make_batch(0)
+        assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+        assert backend.pool.describe_members() == f"http://[::1]:{port} healthy"
+    assert generate_count(farm, url, "200") == 1

@@ -11,6 +11,7 @@ from eagle3_target.client.endpoints import (
     EndpointError,
     EndpointResolver,
     EndpointSpec,
+    base_url,
     default_spec,
     make_resolver,
     parse_specs,
@@ -82,3 +83,31 @@ async def test_a_name_that_never_resolves_fails_naming_it(dns_server):
         await resolver.resolve_until(start + 0.8, first_delay=0.05, max_delay=0.2)
     assert loop.time() - start < 3
     assert dns_server.queries >= 3  # retried with backoff, not given up at once
+
+
+async def test_aaaa_records_join_a_records_and_ipv6_is_bracketed(dns_server):
+    """Dual-stack pods answer A and AAAA; IPv6-only pods AAAA alone. Every address is a server, in URL form."""
+    dns_server.set_a(SERVICE, ["127.0.0.2"])
+    dns_server.set_aaaa(SERVICE, ["fd00::2", "::1"])
+    dns_server.set_aaaa(f"pod-0.{SERVICE}", ["fd00::10"])
+    dns_server.set_srv(f"_http._tcp.{SERVICE}", [(f"pod-0.{SERVICE}", 9001)])
+    resolver = make_resolver(dns_server.address)
+    urls = await EndpointResolver(parse_specs(f"dns://{SERVICE}:8005"), resolver).resolve()
+    assert urls == ["http://127.0.0.2:8005", "http://[::1]:8005", "http://[fd00::2]:8005"]
+    urls = await EndpointResolver(parse_specs(f"srv://_http._tcp.{SERVICE}"), resolver).resolve()
+    assert urls == ["http://[fd00::10]:9001"]
+
+
+async def test_a_name_without_addresses_is_not_resolved(dns_server):
+    dns_server.set_srv(f"_http._tcp.{SERVICE}", [(SERVICE, 9001)])  # SERVICE exists as a name, no A or AAAA
+    dns_server.set_a(f"other.{SERVICE}", [])
+    resolver = EndpointResolver(parse_specs(f"dns://other.{SERVICE}"), make_resolver(dns_server.address))
+    loop = asyncio.get_running_loop()
+    with pytest.raises(EndpointError, match="did not resolve in time; last error: NoAnswer"):
+        await resolver.resolve_until(loop.time() + 0.5, first_delay=0.05, max_delay=0.1)
+
+
+def test_base_urls_bracket_ipv6():
+    assert base_url("10.0.0.5", 8001) == "http://10.0.0.5:8001"
+    assert base_url("fd00::5", 8001) == "http://[fd00::5]:8001"
+    assert parse_specs("http://[fd00::5]:8001/") == [EndpointSpec("http", "http://[fd00::5]:8001")]

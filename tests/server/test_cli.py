@@ -201,3 +201,44 @@ def test_the_embedded_model_answers_to_its_name():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_binds_each_address_it_is_given():
+    """A dual-stack pod passes both of its addresses ($(POD_IPS)): one listening socket each, one server."""
+    port = free_port()
+    proc = start("--host", "127.0.0.1,::1", "--port", str(port), "--engine", "synthetic")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        assert http("GET", f"http://[::1]:{port}/health")[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    logs = proc.stderr.read().decode()
+    assert f"listening on http://127.0.0.1:{port}" in logs and f"listening on http://[::1]:{port}" in logs
+
+
+def test_serve_names_the_address_it_cannot_bind_and_lets_the_others_go():
+    port = free_port()
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        taken.bind(("::1", port))
+        taken.listen()
+        proc = start("--host", "127.0.0.1,::1", "--port", str(port), "--engine", "synthetic")
+        assert proc.wait(timeout=60) == 2
+    assert f"cannot listen on [::1]:{port}" in proc.stderr.read().decode()
+    with socket.create_server(("127.0.0.1", port)):  # the IPv4 socket bound first was closed
+        pass
+
+
+def test_double_colon_binds_both_families():
+    from eagle3_target.server.app import listen
+
+    with listen("::", 0) as server:
+        port = server.getsockname()[1]
+        peers = []
+        for address in ("127.0.0.1", "::1"):
+            with socket.create_connection((address, port), timeout=5):
+                conn, peer = server.accept()
+                conn.close()
+                peers.append(peer[0])
+    assert peers == ["::ffff:127.0.0.1", "::1"]  # IPv4 arrives v4-mapped on the one IPv6 socket

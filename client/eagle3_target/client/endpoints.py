@@ -2,8 +2,10 @@
 
 Spec forms (comma-separated specs are merged):
   http://10.0.0.5:8001                   one server, as given
-  dns://<service>[:port]                 A records of a headless Service; one port for all pods (default 8001)
+  http://[fd00::5]:8001                  an IPv6 literal, in brackets
+  dns://<service>[:port]                 A and AAAA records of a headless Service; one port for all pods (default 8001)
   srv://_<port-name>._tcp.<service>      SRV records; each pod brings its own port (hostNetwork)
+Names resolve to IPv4 and IPv6 addresses alike, so IPv6-only and dual-stack clusters work; URLs bracket IPv6.
 Kubernetes DNS changes slowly (TTL plus cache), so callers re-resolve on a timer and after errors.
 """
 
@@ -97,12 +99,28 @@ def default_token() -> str | None:
         raise EndpointError(f"${TOKEN_FILE_ENV}={path}: {exc}") from None
 
 
+def base_url(ip: str, port: int) -> str:
+    """http://ip:port, with an IPv6 address in brackets (RFC 3986)."""
+    return f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
+
+
+def _nameserver(text: str) -> tuple[str, str]:
+    """``host``, ``host:port``, ``ipv6`` or ``[ipv6]:port`` -> (host, port or "")."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
+        return host, port
+    return text, ""
+
+
 def make_resolver(nameserver: str | None = None, timeout: float = 2.0) -> dns.asyncresolver.Resolver:
     """The system's resolver, or one that asks only ``host[:port]`` (tests point this at a local server)."""
     if nameserver is None:
         resolver = dns.asyncresolver.Resolver()
     else:
-        host, _, port = nameserver.rpartition(":") if nameserver.count(":") == 1 else (nameserver, "", "")
+        host, port = _nameserver(nameserver)
         resolver = dns.asyncresolver.Resolver(configure=False)
         resolver.nameservers = [host]
         resolver.port = int(port) if port else 53
@@ -125,17 +143,27 @@ class EndpointResolver:
             if spec.kind == "http":
                 urls.add(spec.name)
             elif spec.kind == "dns":
-                urls.update(f"http://{ip}:{spec.port}" for ip in await self._addresses(spec.name))
+                urls.update(base_url(ip, spec.port) for ip in await self._addresses(spec.name))
             else:
                 answer = await self.resolver.resolve(spec.name, "SRV")
                 for record in answer:
                     target = record.target.to_text(omit_final_dot=True)
-                    urls.update(f"http://{ip}:{record.port}" for ip in await self._addresses(target))
+                    urls.update(base_url(ip, record.port) for ip in await self._addresses(target))
         return sorted(urls)
 
     async def _addresses(self, name: str) -> list[str]:
-        answer = await self.resolver.resolve(name, "A")
-        return [record.address for record in answer]
+        """IPv4 and IPv6 addresses of ``name``; a family the name lacks answers NoAnswer and adds nothing. Raises
+        if neither family has an address, or on any other DNS error (NXDOMAIN, timeout)."""
+        answers = await asyncio.gather(
+            *(self.resolver.resolve(name, rdtype) for rdtype in ("A", "AAAA")), return_exceptions=True
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, dns.resolver.NoAnswer):
+                raise answer
+        found = [r.address for a in answers if not isinstance(a, BaseException) for r in a]
+        if not found:
+            raise answers[0]
+        return found
 
     async def resolve_until(
         self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0

@@ -527,20 +527,24 @@ def _compute(
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """The bound listening socket (IPv6 when the host is an IPv6 literal); raises OSError if taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=1024)
+    """The bound listening socket (IPv6 when the host is an IPv6 literal); raises OSError if taken. "::" binds
+    every address of both families where the kernel allows dual-stack sockets (IPv4 arrives v4-mapped)."""
+    if ":" not in host:
+        return socket.create_server((host, port), family=socket.AF_INET, backlog=1024)
+    dual = host == "::" and socket.has_dualstack_ipv6()
+    return socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=dual, backlog=1024)
 
 
-def run_server(server: TargetServer, sock: socket.socket) -> int:
-    """Serve on ``sock`` until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load."""
+def run_server(server: TargetServer, *socks: socket.socket) -> int:
+    """Serve on every one of ``socks`` until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load."""
 
     async def main() -> int:
         runner = server.app_runner(handle_signals=True)
         await runner.setup()
-        site = web.SockSite(runner, sock)
-        await site.start()
-        log.info("listening on %s (model loading in the background)", site.name)
+        for sock in socks:
+            site = web.SockSite(runner, sock)
+            await site.start()
+            log.info("listening on %s (model loading in the background)", site.name)
         try:
             await server.stopped.wait()
         finally:

@@ -43,6 +43,13 @@ def _port_range(text: str) -> PortRange:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _hosts(text: str) -> list[str]:
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if not hosts:
+        raise argparse.ArgumentTypeError("give at least one address")
+    return list(dict.fromkeys(hosts))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -50,7 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"local directory or hub id; default (or {EMBEDDED_MODEL}): the embedded tiny Llama (no download)",
     )
     p.add_argument("--engine", choices=["hf", "sglang", "vllm", "synthetic"], default="hf")
-    p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
+    p.add_argument(
+        "--host",
+        type=_hosts,
+        default=["0.0.0.0"],
+        help="HTTP bind addresses, comma-separated: the pod's own on a dual-stack pod ($(POD_IPS)), or :: for "
+        "every address of both families (default 0.0.0.0)",
+    )
     p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
     p.add_argument(
         "--nccl-port", type=int, help="rendezvous port used when a client names none (default --port+100)"
@@ -185,12 +198,20 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def run(args: argparse.Namespace) -> int:
+    socks = []
     try:
-        sock = listen(args.host, args.port)  # first: a taken port is the quickest thing to report
+        for host in args.host:  # first: a taken port is the quickest thing to report
+            socks.append(listen(host, args.port))
     except OSError as exc:
+        for sock in socks:
+            sock.close()
         print(
-            f"eagle3-target serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            f"eagle3-target serve: error: cannot listen on {_address(host, args.port)}: {exc.strerror or exc}",
             file=sys.stderr,
         )
         return 2
@@ -198,11 +219,14 @@ def run(args: argparse.Namespace) -> int:
         check(args)
         token = _read_token(args.auth_token_file)
     except preflight.UsageError as exc:
-        sock.close()
+        for sock in socks:
+            sock.close()
         print(f"eagle3-target serve: error: {exc}", file=sys.stderr)
         return 2
-    if token is None and not _is_loopback(args.host):
-        log.warning("serving on %s without --auth-token-file: anyone who can reach it can use it", args.host)
+    if token is None and not all(_is_loopback(host) for host in args.host):
+        log.warning(
+            "serving on %s without --auth-token-file: anyone who can reach it can use it", ",".join(args.host)
+        )
     options = ServerOptions(
         max_body_bytes=args.max_body_bytes,
         max_batch_tokens=args.max_batch_tokens,
@@ -224,4 +248,4 @@ def run(args: argparse.Namespace) -> int:
         args.device,
         args.dtype,
     )
-    return run_server(TargetServer(build_loader(args), options), sock)
+    return run_server(TargetServer(build_loader(args), options), *socks)
