@@ -20,9 +20,11 @@ from chart.render import (
     one,
     template,
 )
+from crd_support import admit
 from tools import REPO
 
 from eagle3_target.operator import builders
+from eagle3_target.operator.spec import TargetSpec
 
 TARGET = RELEASE  # the Eagle3Target is named after the release's full name, which is the chart name here
 CUSTOM_KINDS = {
@@ -156,6 +158,7 @@ def test_defaults_install_crd_operator_and_a_gpu_fleet(renders):
         "operator",
         "--all-namespaces",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--cluster-domain=cluster.local",
     ]
     assert {"name": "EAGLE3_TARGET_IMAGE", "value": "ghcr.io/eagle3-target/eagle3-target:0.1.0"} in container[
         "env"
@@ -194,6 +197,26 @@ def test_values_reach_the_eagle3target(renders):
     assert spec["authTokenSecret"] == {"name": "target-token"}
     assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert spec["serviceAccountName"] == "targets"
+    assert spec["gpuResourceName"] == "amd.com/gpu" and spec["shmSize"] == "16Gi"
+    assert spec["hfTokenSecret"] == {"name": "hf-token"}
+    assert spec["modelCache"] == {"persistentVolumeClaim": {"claimName": "hf-cache"}, "sizeLimit": "200Gi"}
+    assert spec["podTemplate"]["spec"]["containers"][0]["env"] == [
+        {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}
+    ]
+
+
+def test_every_rendered_target_makes_valid_pods(renders, crd):
+    """Rendered, stored as the API server would (pruned, defaulted), built by the operator: valid pods."""
+    for render_name, objects in renders.items():
+        stored = admit(crd_schema(crd), one(objects, "Eagle3Target"))
+        spec = TargetSpec.parse(stored["spec"])
+        assert spec.problems() == [], render_name
+        pod = builders.pod(spec, stored["metadata"]["name"], NAMESPACE, 0, "img")
+        kubernetes_validate.validate(pod, KUBE_VERSION, strict=True)
+    spec = TargetSpec.parse(admit(crd_schema(crd), one(renders["everything"], "Eagle3Target"))["spec"])
+    container = builders.pod(spec, TARGET, NAMESPACE, 0, "img")["spec"]["containers"][0]
+    assert container["resources"]["limits"]["amd.com/gpu"] == 2
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     assert one(renders["host-network"], "Eagle3Target", TARGET)["spec"]["hostNetwork"] is True
 
 
@@ -401,3 +424,4 @@ def test_the_operator_cli_accepts_the_rendered_arguments(renders, monkeypatch):
     assert cluster_wide.all_namespaces and not cluster_wide.namespace
     assert scoped.namespace == ["trainers", "research"]
     assert cluster_wide.liveness == "http://0.0.0.0:8080/healthz"
+    assert cluster_wide.cluster_domain == "cluster.local"

@@ -25,10 +25,12 @@ import jsonpatch
 import kmock
 import pytest
 import yaml
+from crd_support import admit, crd_schema
 
 NAMESPACE = "ml"
 CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd.yaml"
 CR = "eagle3.dev/v1alpha1/eagle3targets"
+SCHEMA = crd_schema(CRD_PATH)
 
 
 def _merge_diff(old: Any, new: Any) -> Any:
@@ -117,7 +119,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
             data["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
             data["kind"] = self.resources[res].kind
-            return _with_data(request, data)
+            return _with_data(request, self._admit(res, data))
         current = self._stored(request)
         if current is None:
             return request  # kmock answers 404 itself
@@ -144,7 +146,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         elif new.get("spec") != old.get("spec"):  # main resource or /scale
             new.setdefault("metadata", {})["generation"] = old.get("metadata", {}).get("generation", 1) + 1
         new.setdefault("metadata", {})["resourceVersion"] = self._next_version()
-        return _with_data(request, _merge_diff(old, new))
+        return _with_data(request, _merge_diff(old, self._admit(res, new)))
+
+    def _admit(self, res, obj: dict) -> dict:
+        """Eagle3Targets are stored pruned and defaulted by the CRD's schema, as a real API server does."""
+        return admit(SCHEMA, obj) if res == kmock.resource(CR) else obj
 
     async def _serve_list(self, request: kmock.Request):
         result = await super()._serve_list(request)

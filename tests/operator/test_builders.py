@@ -39,11 +39,11 @@ def test_pod_runs_serve_with_probes_gpu_limit_and_restricted_security():
         "--device",
         "cuda",
         "--host",
-        "$(POD_IP)",
+        "$(POD_IPS)",
         "--port",
         "8001",
         "--nccl-port-range",
-        "29500-29507",
+        "29600-29607",
         "--aux-layer-ids",
         "2,10,20",
         "--auth-token-file",
@@ -60,7 +60,7 @@ def test_pod_runs_serve_with_probes_gpu_limit_and_restricted_security():
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["spec"]["automountServiceAccountToken"] is False
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["EAGLE3_TARGET_HTTP_PORT"] == "8001" and env["EAGLE3_TARGET_NCCL_PORT_RANGE"] == "29500-29507"
+    assert env["EAGLE3_TARGET_HTTP_PORT"] == "8001" and env["EAGLE3_TARGET_NCCL_PORT_RANGE"] == "29600-29607"
     secret = next(v for v in pod["spec"]["volumes"] if v["name"] == "auth-token")["secret"]
     assert secret == {"secretName": "tok", "items": [{"key": "token", "path": "token"}]}
     assert "hostNetwork" not in pod["spec"]
@@ -161,7 +161,7 @@ def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
         ({"auxLayerIds": [1, 1, 2]}, "duplicates"),
         ({"hostNetwork": True, "replicas": 40}, "too small"),
         ({"ports": {"nccl": {"start": 29600, "end": 29500}}}, "below"),
-        ({"ports": {"http": 29501}}, "overlap"),
+        ({"ports": {"http": 29601}}, "overlap"),
         ({"engine": "sglang", "gpusPerReplica": 0}, "sglang"),
         ({"engine": "vllm"}, "engine"),
         ({"modelVolume": {"mountPath": "/m"}}, "modelVolume"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from crd_support import default
 
 from eagle3_target.operator import builders
 from eagle3_target.operator.spec import TargetSpec
@@ -34,17 +35,6 @@ def schema(crd) -> dict:
 def validator(schema: dict) -> jsonschema.Draft7Validator:
     jsonschema.Draft7Validator.check_schema(schema)
     return jsonschema.Draft7Validator(schema)
-
-
-def apply_defaults(schema: dict, value):
-    """What the API server's structural defaulting does: fill absent fields, recursively."""
-    if schema.get("type") == "object" and isinstance(value, dict):
-        for key, sub in schema.get("properties", {}).items():
-            if key not in value and "default" in sub:
-                value[key] = yaml.safe_load(yaml.safe_dump(sub["default"]))
-            if key in value:
-                apply_defaults(sub, value[key])
-    return value
 
 
 def test_crd_identity_subresources_and_columns(crd):
@@ -104,7 +94,7 @@ def test_operator_status_validates_against_the_schema(schema):
 
 
 def test_schema_defaults_equal_the_operators_defaults(schema):
-    defaulted = apply_defaults(schema["properties"]["spec"], {"model": "m"})
+    defaulted = default(schema["properties"]["spec"], {"model": "m"})
     assert TargetSpec.parse(defaulted) == TargetSpec.parse({"model": "m"})
     assert (
         defaulted["probes"]["startup"]["failureThreshold"] * defaulted["probes"]["startup"]["periodSeconds"]

@@ -9,7 +9,7 @@ import hashlib
 import json
 
 from . import GROUP
-from .spec import ROLLOUT_FIELDS, TargetSpec
+from .spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
 
 MANAGER = "eagle3-target-operator"
 TARGET_LABEL = f"{GROUP}/target"
@@ -17,7 +17,7 @@ ORDINAL_LABEL = f"{GROUP}/ordinal"
 HASH_ANNOTATION = f"{GROUP}/spec-hash"
 TOKEN_DIR = "/var/run/eagle3-target"
 CACHE_DIR = "/var/cache/eagle3-target"
-GPU_RESOURCE = "nvidia.com/gpu"
+HF_HOME = f"{CACHE_DIR}/huggingface"
 # The server drains in-flight requests on SIGTERM for up to 30 s; the pod gets room to exit by itself.
 TERMINATION_GRACE_SECONDS = 45
 # The longest derived DNS label: `<name>-peers` (a Service name, at most 63 characters); the CRD's CEL rule
@@ -77,7 +77,7 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
         "--device",
         "cuda" if spec.gpus_per_replica > 0 else "cpu",
         "--host",
-        "$(POD_IP)",
+        "$(POD_IPS)",  # every address of the pod: one per family on a dual-stack cluster
         "--port",
         str(ports.http),
         "--nccl-port-range",
@@ -108,7 +108,7 @@ def _container_ports(spec: TargetSpec, ordinal: int) -> list[dict]:
 def _resources(spec: TargetSpec) -> dict:
     resources = copy.deepcopy(spec.resources)
     if spec.gpus_per_replica > 0:
-        resources.setdefault("limits", {})[GPU_RESOURCE] = spec.gpus_per_replica
+        resources.setdefault("limits", {})[spec.gpu_resource_name] = spec.gpus_per_replica
     return resources
 
 
@@ -125,21 +125,32 @@ def _env(spec: TargetSpec, ordinal: int) -> list[dict]:
     ports = spec.ports_for(ordinal)
     env = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "EAGLE3_TARGET_HTTP_PORT", "value": str(ports.http)},
         {"name": "EAGLE3_TARGET_NCCL_PORT_RANGE", "value": ports.nccl_range},
-        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "HF_HOME", "value": HF_HOME},
+        {"name": "HF_HUB_CACHE", "value": f"{HF_HOME}/hub"},
         {"name": "HOME", "value": "/tmp"},
     ]
+    if spec.hf_token_secret:
+        secret, key = spec.hf_token_secret
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     return env + [copy.deepcopy(e) for e in spec.env]  # later entries win, so user env can override
 
 
 def _volumes(spec: TargetSpec) -> tuple[list[dict], list[dict]]:
-    """Scratch space for a read-only root filesystem, shared memory for NCCL, and the optional model and token."""
+    """Scratch space for a read-only root filesystem, the Hugging Face cache (a shared PVC, else a bounded
+    emptyDir), shared memory for NCCL, and the optional model and token."""
+    if spec.model_cache_claim:
+        cache = {"persistentVolumeClaim": {"claimName": spec.model_cache_claim}}
+    else:
+        cache = {"emptyDir": {"sizeLimit": spec.model_cache_size_limit}}
+    shm = {"medium": "Memory", **({"sizeLimit": spec.shm_size} if spec.shm_size else {})}
     volumes = [
         {"name": "tmp", "emptyDir": {}},
-        {"name": "cache", "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "cache", **cache},
+        {"name": "dshm", "emptyDir": shm},
     ]
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -176,7 +187,7 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
     """The pod spec of one replica: its ordinal (hostname, ports) is its identity, not the pod's name."""
     volumes, mounts = _volumes(spec)
     container = {
-        "name": "server",
+        "name": SERVER_CONTAINER,
         "image": image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["eagle3-target", "serve"],
@@ -226,7 +237,36 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
         result["affinity"] = copy.deepcopy(spec.affinity)
     if spec.image_pull_secrets:
         result["imagePullSecrets"] = [dict(s) for s in spec.image_pull_secrets]
-    return result
+    return _with_template(result, spec.pod_template.get("spec") or {})
+
+
+# podTemplate.spec fields that replace what the flat fields set, and those whose items are appended.
+TEMPLATE_REPLACES = ("priorityClassName", "runtimeClassName", "schedulerName", "affinity")
+TEMPLATE_APPENDS = ("tolerations", "topologySpreadConstraints", "volumes")
+CONTAINER_APPENDS = ("env", "envFrom", "volumeMounts")
+
+
+def _with_template(pod_spec_: dict, template: dict) -> dict:
+    """The pod spec with podTemplate.spec merged in. Ports, probes, the command and everything else the
+    template's schema does not declare stay the operator's."""
+    merged = copy.deepcopy(pod_spec_)
+    for key in TEMPLATE_REPLACES:
+        if key in template:
+            merged[key] = copy.deepcopy(template[key])
+    for key in TEMPLATE_APPENDS:
+        if template.get(key):
+            merged[key] = merged.get(key, []) + copy.deepcopy(template[key])
+    server = next(c for c in merged["containers"] if c["name"] == SERVER_CONTAINER)
+    for extra in template.get("containers") or ():
+        if extra.get("name") != SERVER_CONTAINER:
+            continue  # refused by the schema and by TargetSpec.problems()
+        for key in CONTAINER_APPENDS:
+            if extra.get(key):
+                server[key] = server.get(key, []) + copy.deepcopy(extra[key])
+        added = ((extra.get("securityContext") or {}).get("capabilities") or {}).get("add")
+        if added:
+            server["securityContext"]["capabilities"]["add"] = list(added)
+    return merged
 
 
 def revision(spec: TargetSpec) -> str:
@@ -245,14 +285,16 @@ def revision(spec: TargetSpec) -> str:
 
 def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, image: str, pod_name_: str = "") -> dict:
     """Replica `ordinal` under `pod_name_` (default `<name>-<ordinal>`), stamped with the spec's revision."""
+    template = spec.pod_template.get("metadata") or {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod_name_ or pod_name(name, ordinal),
             "namespace": namespace,
-            "labels": {**labels(name), ORDINAL_LABEL: str(ordinal)},
-            "annotations": {HASH_ANNOTATION: revision(spec)},
+            # the operator's own labels and annotation win: they select the pod and track its revision
+            "labels": {**(template.get("labels") or {}), **labels(name), ORDINAL_LABEL: str(ordinal)},
+            "annotations": {**(template.get("annotations") or {}), HASH_ANNOTATION: revision(spec)},
         },
         "spec": pod_spec(spec, name, ordinal, image),
     }
@@ -287,15 +329,19 @@ def peers_service(spec: TargetSpec, name: str, namespace: str) -> dict:
     return _service(peers_service_name(name), name, namespace, spec, publish_not_ready=True)
 
 
-def client_env(spec: TargetSpec, name: str, namespace: str) -> dict[str, str]:
-    fqdn = f"{name}.{namespace}.svc.cluster.local"
+def client_env(
+    spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
+) -> dict[str, str]:
+    fqdn = f"{name}.{namespace}.svc.{cluster_domain}"
     return {
         "EAGLE3_TARGET_SERVICE": f"srv://_http._tcp.{fqdn}",
         "EAGLE3_TARGET_SERVICE_DNS": f"dns://{fqdn}:{spec.http_port}",
     }
 
 
-def client_configmap(spec: TargetSpec, name: str, namespace: str) -> dict:
+def client_configmap(
+    spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
+) -> dict:
     """What a trainer pod pulls in with envFrom to find the targets."""
     return {
         "apiVersion": "v1",
@@ -305,14 +351,16 @@ def client_configmap(spec: TargetSpec, name: str, namespace: str) -> dict:
             "namespace": namespace,
             "labels": labels(name, "client"),
         },
-        "data": client_env(spec, name, namespace),
+        "data": client_env(spec, name, namespace, cluster_domain),
     }
 
 
-def children(spec: TargetSpec, name: str, namespace: str) -> list[dict]:
+def children(
+    spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
+) -> list[dict]:
     """The children that exist once per target (pods are per ordinal)."""
     return [
         service(spec, name, namespace),
         peers_service(spec, name, namespace),
-        client_configmap(spec, name, namespace),
+        client_configmap(spec, name, namespace, cluster_domain),
     ]

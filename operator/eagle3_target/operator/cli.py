@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "name (env EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE; default 300)",
     )
     p.add_argument(
+        "--cluster-domain",
+        default=os.environ.get("EAGLE3_TARGET_CLUSTER_DOMAIN") or "cluster.local",
+        help="the cluster's DNS domain, which ends the names in each target's client ConfigMap "
+        "(env EAGLE3_TARGET_CLUSTER_DOMAIN; default %(default)s)",
+    )
+    p.add_argument(
         "--no-leader-election",
         dest="leader_election",
         action="store_false",
@@ -62,6 +68,7 @@ def config_from(args: argparse.Namespace) -> OperatorConfig:
         default_image=args.default_image,
         interval=args.interval,
         stuck_pod_grace=args.stuck_pod_grace,
+        cluster_domain=args.cluster_domain,
         leader_election=args.leader_election,
         lease_namespace=args.leader_election_namespace,
     )

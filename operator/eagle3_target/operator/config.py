@@ -19,6 +19,7 @@ class OperatorConfig:
     default_image: str = ""  # empty: package_default_image()
     interval: float = 10.0  # seconds between full re-checks of every target (events act sooner)
     stuck_pod_grace: float = 300.0  # seconds past its deletion deadline before a pod counts as abandoned
+    cluster_domain: str = "cluster.local"  # the kubelet's clusterDomain: ends the DNS names trainers get
     leader_election: bool = False  # the CLI turns it on; in-process tests run one operator
     lease_namespace: str = ""  # empty: the namespace of the operator's own credentials
     lease_name: str = LEASE_NAME

@@ -193,7 +193,7 @@ async def _apply(target, tracked, pods, rollout, image, memo, *, full: bool, now
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     if full:
-        for child in builders.children(target, name, namespace):
+        for child in builders.children(target, name, namespace, memo.config.cluster_domain):
             kopf.append_owner_reference(child, owner=body)
             if await memo.children.ensure(child) != "unchanged":
                 log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])

@@ -12,6 +12,11 @@ ROLLOUT_FIELDS = frozenset(
 )
 
 
+SERVER_CONTAINER = "server"
+# The volumes every target pod has; a podTemplate volume must not take one of their names.
+OPERATOR_VOLUMES = frozenset({"tmp", "cache", "dshm", "model", "auth-token"})
+
+
 class InvalidSpec(ValueError):
     """The spec cannot be reconciled; the message says why."""
 
@@ -71,8 +76,8 @@ class TargetSpec:
     affinity: dict = field(default_factory=dict)
     host_network: bool = False
     http_port: int = 8001
-    nccl_start: int = 29500
-    nccl_end: int = 29755
+    nccl_start: int = 29600  # clear of torchrun's 29500-29510
+    nccl_end: int = 29855
     nccl_per_replica: int = 8
     startup_probe: ProbeTiming = ProbeTiming(10, 180, 5)
     readiness_probe: ProbeTiming = ProbeTiming(10, 3, 5)
@@ -85,6 +90,12 @@ class TargetSpec:
     max_unavailable: int | str = 1
     partition: int = 0
     progress_deadline_seconds: int = 1800  # model loads are slow
+    gpu_resource_name: str = "nvidia.com/gpu"
+    hf_token_secret: tuple[str, str] | None = None  # (name, key)
+    model_cache_claim: str | None = None
+    model_cache_size_limit: str = "200Gi"
+    shm_size: str | None = None
+    pod_template: dict = field(default_factory=dict)
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -106,6 +117,8 @@ class TargetSpec:
         probes = spec.get("probes") or {}
         secret = spec.get("authTokenSecret")
         strategy = spec.get("updateStrategy") or {}
+        hf_token = spec.get("hfTokenSecret")
+        cache = spec.get("modelCache") or {}
         aux = spec.get("auxLayerIds")
         return cls(
             model=model,
@@ -125,8 +138,8 @@ class TargetSpec:
             affinity=dict(spec.get("affinity") or {}),
             host_network=bool(spec.get("hostNetwork", False)),
             http_port=int(ports.get("http", 8001)),
-            nccl_start=int(nccl.get("start", 29500)),
-            nccl_end=int(nccl.get("end", 29755)),
+            nccl_start=int(nccl.get("start", 29600)),
+            nccl_end=int(nccl.get("end", 29855)),
             nccl_per_replica=int(nccl.get("perReplica", 8)),
             startup_probe=ProbeTiming.parse(probes.get("startup"), 180),
             readiness_probe=ProbeTiming.parse(probes.get("readiness"), 3),
@@ -139,6 +152,12 @@ class TargetSpec:
             max_unavailable=_int_or_percent(strategy.get("maxUnavailable", 1)),
             partition=int(strategy.get("partition", 0)),
             progress_deadline_seconds=int(spec.get("progressDeadlineSeconds", 1800)),
+            gpu_resource_name=str(spec.get("gpuResourceName", "nvidia.com/gpu")),
+            hf_token_secret=(hf_token["name"], hf_token.get("key", "token")) if hf_token else None,
+            model_cache_claim=(cache.get("persistentVolumeClaim") or {}).get("claimName"),
+            model_cache_size_limit=str(cache.get("sizeLimit", "200Gi")),
+            shm_size=str(spec["shmSize"]) if spec.get("shmSize") else None,
+            pod_template=dict(spec.get("podTemplate") or {}),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:
@@ -181,6 +200,14 @@ class TargetSpec:
             sources = [k for k in ("persistentVolumeClaim", "volumeSource") if self.model_volume.get(k)]
             if len(sources) != 1:
                 errors.append("modelVolume needs exactly one of persistentVolumeClaim and volumeSource")
+        return errors + self._template_problems()
+
+    def _template_problems(self) -> list[str]:
+        spec = self.pod_template.get("spec") or {}
+        clashes = [v.get("name") for v in spec.get("volumes") or () if v.get("name") in OPERATOR_VOLUMES]
+        errors = [f"podTemplate.spec.volumes: {name!r} is the operator's own volume" for name in clashes]
+        others = [c.get("name") for c in spec.get("containers") or () if c.get("name") != SERVER_CONTAINER]
+        errors += [f"podTemplate.spec.containers: {name!r} is not {SERVER_CONTAINER!r}" for name in others]
         return errors
 
     def _strategy_problems(self) -> list[str]:
