@@ -204,7 +204,7 @@ def cel_refusals(schema: dict, obj: dict) -> list[str]:
     import celpy
 
     env = celpy.Environment()
-    obj = apply_defaults(schema, yaml.safe_load(yaml.safe_dump(obj)))
+    obj = default(schema, obj)
     messages = []
     for path, rule in cel_rules(schema):
         value = obj
