@@ -163,6 +163,7 @@ def test_defaults_install_crd_operator_and_a_gpu_fleet(renders):
     assert {"name": "EAGLE3_TARGET_IMAGE", "value": "ghcr.io/eagle3-target/eagle3-target:0.1.0"} in container[
         "env"
     ]
+    assert {"name": "EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", "value": "300"} in container["env"]
     spec = one(objects, "Eagle3Target", TARGET)["spec"]
     assert spec["replicas"] == 1 and spec["gpusPerReplica"] == 1 and spec["hostNetwork"] is False
     assert spec["ports"] == {"http": 8001, "nccl": {"start": 29600, "end": 29855, "perReplica": 8}}

@@ -91,6 +91,12 @@ def test_operator_status_validates_against_the_schema(schema):
         previous=None,
     )
     validator(schema).validate({"spec": {"model": "m"}, "status": status})
+    # a real API server prunes what the schema does not declare (kmock and jsonschema do not)
+    declared = schema["properties"]["status"]["properties"]
+    assert set(status) <= set(declared)
+    condition_fields = declared["conditions"]["items"]["properties"]
+    assert all(set(c) <= set(condition_fields) for c in status["conditions"])
+    assert {"updatedReplicas", "revision", "image"} <= set(status)
 
 
 def test_schema_defaults_equal_the_operators_defaults(schema):

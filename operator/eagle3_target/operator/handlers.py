@@ -184,7 +184,10 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
         )
         changed = {key: value for key, value in status.items() if previous.get(key) != value}
         if changed:
-            tracked.body = await memo.children.patch_status(name, namespace, changed)
+            try:
+                tracked.body = await memo.children.patch_status(name, namespace, changed)
+            except kr8s.NotFoundError:
+                return  # deleted meanwhile; its DELETED event drops it
         await _announce(memo.children, body, previous, status)
 
 
