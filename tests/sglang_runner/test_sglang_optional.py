@@ -23,7 +23,7 @@ def test_server_and_client_import_without_sglang():
 
 
 @pytest.mark.skipif(SGLANG_INSTALLED and torch.cuda.is_available(), reason="SGLang and a GPU are both here")
-def test_serve_with_the_sglang_engine_exits_nonzero_naming_what_is_missing():
+def test_serve_with_the_sglang_engine_exits_at_once_naming_what_is_missing():
     command = [
         sys.executable,
         "-m",
@@ -41,7 +41,21 @@ def test_serve_with_the_sglang_engine_exits_nonzero_naming_what_is_missing():
         "0",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
-    assert (INSTALL_HINT in done.stderr) is not SGLANG_INSTALLED
-    assert (NO_GPU in done.stderr) is not torch.cuda.is_available()
-    assert "SGLangUnavailable" in done.stderr
+    # serve's checks run before the listener and the load: exit 2, one line, the first thing missing.
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "listening" not in done.stderr
+    if not SGLANG_INSTALLED:
+        assert "--engine sglang needs sglang, which is not installed: " in done.stderr
+        assert "pip install 'eagle3-target[server,sglang]'" in done.stderr
+    else:
+        assert "--device cuda: this torch" in done.stderr and "has no usable CUDA" in done.stderr
+
+
+def test_the_runner_itself_names_everything_missing():
+    """Behind serve's checks, loading the runner directly still says what to install and that it needs a GPU."""
+    from eagle3_target.server.runners.sglang import SGLangRunner
+
+    with pytest.raises(Exception, match="SGLang") as raised:
+        SGLangRunner.load(model="org/any-model", device="cuda")
+    assert type(raised.value).__name__ == "SGLangUnavailable"
+    assert (INSTALL_HINT in str(raised.value)) is not SGLANG_INSTALLED
+    assert (NO_GPU in str(raised.value)) is not torch.cuda.is_available()

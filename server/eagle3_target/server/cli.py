@@ -173,6 +173,10 @@ def check(args: argparse.Namespace) -> None:
     if args.engine == "synthetic":
         preflight.check_aux_layer_ids(args.aux_layer_ids, 32)  # the synthetic runner's layer count
         return
+    if args.engine == "sglang" and args.model is None:
+        raise preflight.UsageError(
+            "--engine sglang needs --model: the embedded tiny Llama is for the hf engine"
+        )
     preflight.check_model(args.model)
     preflight.check_aux_layer_ids(
         args.aux_layer_ids, preflight.num_hidden_layers(args.model, args.trust_remote_code)
