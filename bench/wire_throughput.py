@@ -100,9 +100,10 @@ def _serve(port_queue, shape: dict) -> None:
 
 
 async def http_generate(
-    url: str, shape: dict, repeats: int, encoding: str = encodings.NEMO
-) -> tuple[int, list[float], list[float]]:
-    """Returns (response bytes, round-trip seconds, transfer seconds) per repeat."""
+    url: str, shape: dict, repeats: int, names: list[str]
+) -> dict[str, tuple[int, list[float], list[float]]]:
+    """Per encoding: (response bytes, round-trip seconds, transfer seconds per repeat). The encodings
+    take turns within each round, so a change in the machine's load hits them all alike."""
     ids = torch.randperm(shape["vocab"])[: shape["draft"]]
     mask = torch.zeros(shape["vocab"], dtype=torch.bool)
     mask[ids] = True
@@ -114,10 +115,8 @@ async def http_generate(
             "loss_mask": torch.ones_like(input_ids),
         }
     )
-    rounds, transfers, nbytes = [], [], 0
-    want = encodings.expected(
-        encoding, shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
-    )
+    dims = shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
+    results = {name: (0, [], []) for name in names}
     async with aiohttp.ClientSession(trust_env=False) as http:
         while True:
             async with http.get(f"{url}/health") as resp:
@@ -128,22 +127,25 @@ async def http_generate(
         async with http.post(f"{url}/set_vocab_mapping", data=vocab) as resp:
             assert resp.status == 200, await resp.text()
         for _ in range(repeats + 1):  # the first round warms both sides up
-            start = time.perf_counter()
-            async with http.post(
-                f"{url}/generate", data=request, headers={ENCODING_HEADER: encoding}
-            ) as resp:
-                assert resp.status == 200, await resp.text()
-                body = await read_body(resp)
-                timing = parse_server_timing(resp.headers["Server-Timing"])
-            out = wire.decode(body)
-            elapsed = time.perf_counter() - start
-            nbytes = len(body)
-            encodings.check(out, want)
-            compute = sum(timing[p] for p in COMPUTE_PHASES)
-            rounds.append(elapsed)
-            transfers.append(elapsed - compute)
-            del out, body
-    return nbytes, rounds[1:], transfers[1:]
+            for name in names:
+                start = time.perf_counter()
+                async with http.post(
+                    f"{url}/generate", data=request, headers={ENCODING_HEADER: name}
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                    body = await read_body(resp)
+                    timing = parse_server_timing(resp.headers["Server-Timing"])
+                out = wire.decode(body)
+                elapsed = time.perf_counter() - start
+                encodings.check(out, encodings.expected(name, *dims))
+                _, rounds, transfers = results[name]
+                rounds.append(elapsed)
+                transfers.append(elapsed - sum(timing[p] for p in COMPUTE_PHASES))
+                results[name] = len(body), rounds, transfers
+                del out, body
+    return {
+        name: (nbytes, rounds[1:], transfers[1:]) for name, (nbytes, rounds, transfers) in results.items()
+    }
 
 
 def nemo_client_transfer_seconds(url: str, shape: dict, repeats: int) -> list[float] | None:
@@ -201,13 +203,10 @@ def main() -> None:
         server.start()
         try:
             url = f"http://127.0.0.1:{ports.get(timeout=120)}"
-            nbytes, rounds, transfers = asyncio.run(http_generate(url, shape, repeats))
+            names = [encodings.NEMO, *(e for e in args.encoding or [] if e != encodings.NEMO)]
+            measured = asyncio.run(http_generate(url, shape, repeats, names))
+            nbytes, rounds, transfers = measured[encodings.NEMO]
             nemo = nemo_client_transfer_seconds(url, shape, max(3, repeats // 3))
-            compact = {
-                encoding: asyncio.run(http_generate(url, shape, repeats, encoding))
-                for encoding in args.encoding or []
-                if encoding != encodings.NEMO
-            }
         finally:
             server.kill()
         tcp = statistics.median(raw_tcp_seconds(nbytes, repeats))
@@ -225,9 +224,7 @@ def main() -> None:
             nemo_tps, tcp_tps = tokens / statistics.median(transfers), tokens / tcp
             per_encoding.append((name, "raw TCP", nbytes / tokens, tcp_tps, tcp_tps / nemo_tps, 1.0))
             for encoding in args.encoding:
-                size, _, times = (
-                    (nbytes, rounds, transfers) if encoding == encodings.NEMO else compact[encoding]
-                )
+                size, _, times = measured[encoding]
                 tps = tokens / statistics.median(times)
                 per_encoding.append((name, encoding, size / tokens, tps, tps / nemo_tps, tps / tcp_tps))
     if per_encoding:
