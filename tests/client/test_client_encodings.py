@@ -105,3 +105,20 @@ def test_an_incomplete_reply_fails_over_to_another_server(farm, caplog):
             assert_batch_matches(backend.generate_batch(*batch), expected(runner, vocab, *batch), batch[1])
         assert backend.pool.failovers >= 1
     assert "reply lacks 'draft_logits'" in caplog.text  # why the broken server was quarantined
+
+
+def test_hidden_fetches_the_lm_head_rows_once_per_mapping(farm):
+    url = farm.start("127.0.0.2", dtype="float32")
+    fetched = farm.server(url).metrics.requests.labels("lm_head", "200")
+    runner = SyntheticRunner(dtype="float32")
+    with RemoteTargetBackend(url, options=FAST, encoding="hidden") as backend:
+        for size, seeds in ((96, range(3)), (40, range(3, 5))):
+            vocab = draft_vocab(size=size)
+            backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+            for seed in seeds:
+                batch = make_batch(seed)
+                got, want = backend.generate_batch(*batch), expected(runner, vocab, *batch)
+                assert got.target_probs.shape == want["target_probs"].shape
+                assert (got.target_probs - want["target_probs"]).abs().max() <= 1e-5
+                assert torch.equal(got.position_mask, want["position_mask"])
+            assert fetched._value.get() == (1 if size == 96 else 2)

@@ -158,15 +158,20 @@ class ServerConnection:
     async def model_info(self) -> dict[str, Any]:
         return await self.post_json(spec.MODEL_INFO)
 
-    async def lm_head(self) -> torch.Tensor:
+    async def lm_head(self, draft_vocab: int) -> torch.Tensor:
         """The lm_head rows of our draft vocabulary [Vd, H] (our extension, for the "hidden" encoding)."""
         _, payload = await self.post(
             spec.LM_HEAD, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
         )
-        weight = wire.decode(payload).get("weight")
-        if weight is None:
-            raise wire.WireError(f"{self.url}/{spec.LM_HEAD}: response has no 'weight'")
-        return weight
+        tensors = wire.decode(payload)
+        want = {"weight": (self._dtype(), (draft_vocab, int(self.info.get("hidden_size", 0))))}
+        encodings.check(tensors, want)
+        return tensors["weight"]
+
+    def _dtype(self) -> torch.dtype | None:
+        """The target dtype named by /model_info; None where it names none (a stock NeMo server)."""
+        dtype = getattr(torch, str(self.info.get("dtype")), None)
+        return dtype if isinstance(dtype, torch.dtype) else None
 
     async def heartbeat(self) -> None:
         await self.post_json(spec.HEARTBEAT)
@@ -210,10 +215,8 @@ class ServerConnection:
         sent = reply_headers.get(spec.ENCODING_HEADER, encodings.NEMO)
         if sent != self.encoding:
             raise wire.WireError(f"{self.url}: asked for encoding {self.encoding!r}, the reply is {sent!r}")
-        dtype = getattr(torch, str(self.info.get("dtype")), None)
-        dtype = dtype if isinstance(dtype, torch.dtype) else None  # a stock NeMo server names none
         hidden_size = int(self.info.get("hidden_size", 0))
-        want = encodings.expected(self.encoding, batch, seq, hidden_size, draft_vocab, dtype)
+        want = encodings.expected(self.encoding, batch, seq, hidden_size, draft_vocab, self._dtype())
         encodings.check(tensors, want)
         return Reply(self.encoding, {k: tensors[k] for k in want})
 

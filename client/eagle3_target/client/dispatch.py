@@ -221,17 +221,17 @@ class TargetPool:
         async def call(conn: ServerConnection) -> Reply:
             reply = await conn.generate(request, batch, seq, draft_vocab)
             if reply.encoding == encodings.HIDDEN:
-                reply = dataclasses.replace(reply, head_rows=await self._lm_head(conn))
+                reply = dataclasses.replace(reply, head_rows=await self._lm_head(conn, draft_vocab))
             return reply
 
         return await self.with_failover(call, what="/generate", hedge=True)
 
-    async def _lm_head(self, conn: ServerConnection) -> torch.Tensor:
+    async def _lm_head(self, conn: ServerConnection, draft_vocab: int) -> torch.Tensor:
         """The lm_head rows of the current draft vocabulary: fetched once per mapping, from ``conn``."""
         async with self._head_lock:
             blob = conn.vocab_blob
             if self._head_rows is None or self._head_rows[0] is not blob:
-                self._head_rows = (blob, await conn.lm_head())
+                self._head_rows = (blob, await conn.lm_head(draft_vocab))
             return self._head_rows[1]
 
     async def input_embeddings(self):
