@@ -291,3 +291,19 @@ async def test_condition_times_are_real_and_a_deleted_targets_state_is_dropped(c
     for i in range(5):
         await cluster.delete_target(f"t{i}")
     await cluster.eventually(lambda: list(running.memo.targets) == [(cluster.namespace, "llama")])
+
+
+async def test_a_name_too_long_for_its_services_gets_a_condition_and_no_children(operator):
+    """Where the CRD's CEL rule did not run (an older CRD, or kmock): the operator refuses it itself."""
+    name = "a" * 60  # <name>-peers would be 66 characters: the API server would reject that Service
+    await operator.create_target(name, {**SPEC, "replicas": 1})
+
+    def refused():
+        stalled = condition(operator.target(name), "Stalled")
+        assert (stalled["status"], stalled["reason"]) == ("True", "InvalidSpec")
+        assert "at most 57" in stalled["message"]
+        return stalled
+
+    await operator.eventually(refused)
+    await operator.eventually(lambda: [e for e in operator.events() if e["reason"] == "InvalidSpec"])
+    assert operator.pods() == {} and operator.services() == {}
