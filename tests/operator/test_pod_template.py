@@ -4,11 +4,13 @@ on kmock, whose harness prunes and defaults what it stores by the CRD's schema a
 
 from __future__ import annotations
 
+import re
+
 import kubernetes_validate
 import pytest
 
 from eagle3_target.operator import builders
-from eagle3_target.operator.spec import TargetSpec
+from eagle3_target.operator.spec import InvalidSpec, TargetSpec
 
 from .operator_support import SPEC
 
@@ -95,6 +97,31 @@ def test_template_problems_are_named():
     assert problems == ["podTemplate.spec.volumes: 'cache' is the operator's own volume"]
     problems = target(podTemplate={"spec": {"containers": [{"name": "sidecar"}]}}).problems()
     assert problems == ["podTemplate.spec.containers: 'sidecar' is not 'server'"]
+
+
+@pytest.mark.parametrize(
+    "template, where",
+    [
+        ("yes", "malformed spec"),
+        ({"spec": {"volumes": [1]}}, "podTemplate.spec.volumes must be a list of objects"),
+        ({"spec": {"containers": [{"name": "server", "env": "X=1"}]}}, "containers[].env must be a list"),
+        (
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "server", "securityContext": {"capabilities": {"add": "IPC_LOCK"}}}
+                    ]
+                }
+            },
+            "add must be a list",
+        ),
+        ({"metadata": []}, "podTemplate.metadata must be an object"),
+        ({"metadata": {"labels": ["team=ml"]}}, "podTemplate.metadata.labels must be an object"),
+    ],
+)
+def test_a_malformed_template_is_an_invalid_spec_not_a_crash(template, where):
+    with pytest.raises(InvalidSpec, match=re.escape(where)):
+        target(podTemplate=template)
 
 
 def test_gpu_resource_name_counts_the_gpus():

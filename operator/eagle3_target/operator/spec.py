@@ -157,7 +157,7 @@ class TargetSpec:
             model_cache_claim=(cache.get("persistentVolumeClaim") or {}).get("claimName"),
             model_cache_size_limit=str(cache.get("sizeLimit", "200Gi")),
             shm_size=str(spec["shmSize"]) if spec.get("shmSize") else None,
-            pod_template=dict(spec.get("podTemplate") or {}),
+            pod_template=_pod_template(spec.get("podTemplate") or {}),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:
@@ -247,6 +247,34 @@ class TargetSpec:
                 f"HTTP ports {self.http_port}-{last.http} overlap the NCCL range {self.nccl_start}-{self.nccl_end}"
             )
         return errors
+
+
+def _objects(value: Any, where: str) -> list:
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise TypeError(f"{where} must be a list of objects")
+    return value
+
+
+def _pod_template(raw: Any) -> dict:
+    """podTemplate as given, once its shape is what the builders merge (the schema says the same; a spec that
+    skipped validation gets an InvalidSpec instead of a failed reconcile)."""
+    template = dict(raw)
+    for part in ("metadata", "spec"):
+        if not isinstance(template.get(part, {}), dict):
+            raise TypeError(f"podTemplate.{part} must be an object")
+    for key in ("labels", "annotations"):
+        if not isinstance((template.get("metadata") or {}).get(key, {}), dict):
+            raise TypeError(f"podTemplate.metadata.{key} must be an object")
+    spec = template.get("spec") or {}
+    for key in ("tolerations", "topologySpreadConstraints", "volumes", "containers"):
+        _objects(spec.get(key) or [], f"podTemplate.spec.{key}")
+    for container in spec.get("containers") or ():
+        for key in ("env", "envFrom", "volumeMounts"):
+            _objects(container.get(key) or [], f"podTemplate.spec.containers[].{key}")
+        added = ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+        if not isinstance(added, list):
+            raise TypeError("podTemplate.spec.containers[].securityContext.capabilities.add must be a list")
+    return template
 
 
 def _int_or_percent(value: Any) -> int | str:
