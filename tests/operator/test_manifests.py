@@ -282,6 +282,9 @@ def test_operator_settings_come_from_flags_and_environment_at_startup(monkeypatc
     monkeypatch.setenv("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", "0")
     monkeypatch.setenv("EAGLE3_TARGET_IMAGE", "registry.test/x:1")
     configured = parse("--no-leader-election")
+    monkeypatch.setenv("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", "soon")
+    with pytest.raises(SystemExit):  # a usage error naming the value, not a traceback
+        parse()
     assert (configured.stuck_pod_grace, configured.image, configured.leader_election) == (
         0,
         "registry.test/x:1",

@@ -9,6 +9,23 @@ import os
 from .config import OperatorConfig, package_default_image
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 would re-check without pause")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     scope = p.add_mutually_exclusive_group()
     scope.add_argument(
@@ -33,14 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--interval",
-        type=float,
-        default=float(os.environ.get("EAGLE3_TARGET_OPERATOR_INTERVAL", 10)),
+        type=_interval,  # argparse converts a string default too, so a bad environment value is a usage error
+        default=os.environ.get("EAGLE3_TARGET_OPERATOR_INTERVAL", "10"),
         help="seconds between full re-checks of every target; events act at once (default 10)",
     )
     p.add_argument(
         "--stuck-pod-grace",
-        type=float,
-        default=float(os.environ.get("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", 300)),
+        type=_seconds,
+        default=os.environ.get("EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE", "300"),
         help="seconds a pod may stay terminating past its deadline before a replacement starts under a new "
         "name (env EAGLE3_TARGET_OPERATOR_STUCK_POD_GRACE; default 300)",
     )
