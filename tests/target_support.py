@@ -1,7 +1,18 @@
 """Helpers for tests that run real target servers on loopback."""
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
 
 import aiohttp
 import torch
@@ -48,6 +59,59 @@ async def serve(loader, options: ServerOptions | None = None, host: str = "127.0
             yield running
         finally:
             await runner.cleanup()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class TargetProcess:
+    """`eagle3-target serve` in a process of its own (a pod that SIGKILL can take), one torch thread."""
+
+    def __init__(self, host: str, *serve_args: str):
+        port = free_port(host)
+        self.url = f"http://{host}:{port}"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until kill()
+        cmd = [sys.executable, "-m", "eagle3_target.cli", "--log-level", "WARNING", "serve"]
+        cmd += ["--host", host, "--port", str(port), *serve_args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=env)
+        self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _get(self, path: str) -> tuple[int, str]:
+        with self._http.open(self.url + path, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+
+    def wait_ready(self, timeout: float = 120.0) -> TargetProcess:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"server exited {self.process.returncode}: {self.log.read()[-2000:]!r}")
+            try:
+                if self._get("/health")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.url} did not become ready")
+            time.sleep(0.1)
+
+    def generated(self) -> float:
+        """How many /generate requests this server answered with 200 (from its /metrics)."""
+        text = self._get("/metrics")[1]
+        found = re.search(
+            r'^eagle3_target_requests_total\{code="200",endpoint="generate"\} (\S+)$', text, re.M
+        )
+        return float(found.group(1)) if found else 0.0
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        self.log.close()
 
 
 def generate_body(input_ids, attention_mask=None, loss_mask=None) -> bytes:

@@ -18,6 +18,11 @@ COMMANDS = {
         "client",
     ),
     "bench": ("eagle3_target.client.cli_bench", "measure client throughput with synthetic batches", "client"),
+    "train-draft": (
+        "eagle3_target.client.cli_train_draft",
+        "train an EAGLE-3 draft with NeMo's recipe against the target fleet",
+        "nemo",
+    ),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -41,11 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if a in COMMANDS), None)
+    command = None
     for name, (_, help_text, _) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name == chosen:  # import only the module of the command being run
-            load_command(name).add_arguments(sub)
-    args = parser.parse_args(argv)
+            command = load_command(name)
+            command.add_arguments(sub)
+    args, unknown = parser.parse_known_args(argv)
+    # A command that takes free-form overrides (train-draft: NeMo's --dotted.key=value) gets the
+    # arguments argparse does not know; every other command rejects them as usual.
+    if getattr(command, "ACCEPTS_OVERRIDES", False):
+        args.overrides = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # Logs go to stderr, so a command's stdout (probe --json) stays machine-readable.
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return load_command(args.command).run(args)

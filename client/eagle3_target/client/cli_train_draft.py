@@ -1,0 +1,67 @@
+"""`eagle3-target train-draft --config X.yaml [--dotted.key=value ...]`: NeMo's EAGLE-3 recipe on the fleet.
+
+The overrides are NeMo's own (``--checkpoint.checkpoint_dir=D``, ``--remote_target.endpoints=...``):
+they are checked for shape here and applied by NeMo's config parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .endpoints import EndpointError
+
+# The top-level CLI hands the arguments it does not know to this command as args.overrides.
+ACCEPTS_OVERRIDES = True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, type=Path, help="NeMo EAGLE-3 recipe YAML")
+    p.epilog = "Any --dotted.key=value (or --dotted.key value) overrides that key of the YAML."
+
+
+def override_argv(tokens: list[str]) -> list[str]:
+    """The overrides as ``--key=value`` tokens; a stray token is an error, not silently dropped."""
+    overrides: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        key = token[2:].split("=", 1)[0]
+        if not token.startswith("--") or not key or key.startswith("-"):
+            raise ValueError(f"unexpected argument {token!r}: overrides look like --dotted.key=value")
+        if "=" not in token and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            overrides.append(f"{token}={tokens[i + 1]}")
+            i += 2
+        else:
+            overrides.append(token if "=" in token else f"{token}=true")
+            i += 1
+    return overrides
+
+
+def fail(message: str) -> int:
+    print(f"eagle3-target train-draft: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        overrides = override_argv(getattr(args, "overrides", []))
+    except ValueError as exc:
+        return fail(str(exc))
+    if not args.config.is_file():
+        return fail(f"--config {args.config}: no such file")
+    try:
+        from .nemo import TrainEagle3Recipe  # first: its ImportError says what to install
+        from .nemo._imports import nemo_module
+    except ImportError as exc:
+        return fail(str(exc))
+    parser = nemo_module("components.config._arg_parser")
+    try:
+        cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
+        recipe = TrainEagle3Recipe(cfg)
+    except (EndpointError, ValueError) as exc:
+        return fail(str(exc))
+    recipe.setup()
+    recipe.run_train_validation_loop()
+    return 0

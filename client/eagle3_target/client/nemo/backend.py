@@ -1,0 +1,110 @@
+"""NeMoTargetBackend: NeMo's Eagle3TargetBackend contract, served by the fleet through RemoteTargetBackend."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+
+from ..backend import BatchHandle, RemoteTargetBackend, TargetBatch
+from ..dispatch import PoolOptions
+from ._imports import nemo_module
+
+Eagle3TargetBackend = nemo_module("components.speculative.eagle.backend").Eagle3TargetBackend
+Eagle3TargetBatch = nemo_module("components.speculative.eagle.target").Eagle3TargetBatch
+
+POOL_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(PoolOptions))
+BACKEND_OPTION_NAMES = frozenset(inspect.signature(RemoteTargetBackend).parameters) - {
+    "endpoints",
+    "auth_token",
+    "options",
+}
+
+
+def split_options(options: dict[str, Any]) -> tuple[PoolOptions, dict[str, Any]]:
+    """One flat set of client options -> (PoolOptions, RemoteTargetBackend keyword arguments)."""
+    unknown = set(options) - POOL_OPTION_NAMES - BACKEND_OPTION_NAMES
+    if unknown:
+        known = ", ".join(sorted(POOL_OPTION_NAMES | BACKEND_OPTION_NAMES))
+        raise ValueError(f"unknown client option(s) {', '.join(sorted(unknown))}; known: {known}")
+    pool = PoolOptions(**{k: v for k, v in options.items() if k in POOL_OPTION_NAMES})
+    return pool, {k: v for k, v in options.items() if k in BACKEND_OPTION_NAMES}
+
+
+def to_nemo_batch(batch: TargetBatch) -> Eagle3TargetBatch:
+    return Eagle3TargetBatch(**batch.as_dict())
+
+
+class NeMoBatchHandle:
+    """The future-like handle NeMo's prefetch loop expects: ``result()`` gives an Eagle3TargetBatch."""
+
+    def __init__(self, handle: BatchHandle):
+        self._handle = handle
+
+    def done(self) -> bool:
+        return self._handle.done()
+
+    def cancel(self) -> bool:
+        return self._handle.cancel()
+
+    def result(self, timeout: float | None = None) -> Eagle3TargetBatch:
+        return to_nemo_batch(self._handle.result(timeout))
+
+
+class NeMoTargetBackend(Eagle3TargetBackend):
+    """A drop-in for NeMo's RemoteEagle3TargetModel with discovery, failover, sessions and auth underneath.
+
+    ``endpoints``: a spec or list of specs, as RemoteTargetBackend takes (default: $EAGLE3_TARGET_SERVICE).
+    ``auth_token``: default: the file named by $EAGLE3_TARGET_AUTH_TOKEN_FILE.
+    ``options``: PoolOptions fields (``max_in_flight``, ``deadline``, ...) and RemoteTargetBackend's
+    keyword arguments (``nameserver``, ``device``, ...), in one flat set, as a YAML section gives them.
+    """
+
+    def __init__(
+        self, endpoints: str | list[str] | None = None, auth_token: str | None = None, **options: Any
+    ):
+        pool, backend_options = split_options(options)
+        self.remote = RemoteTargetBackend(endpoints, auth_token=auth_token, options=pool, **backend_options)
+
+    @property
+    def num_remote_servers(self) -> int:
+        """Healthy servers now; NeMo caps its prefetch depth at this, so call wait_for_servers() first."""
+        return max(1, self.remote.healthy_servers)
+
+    def wait_for_servers(self, timeout: float = 60.0) -> int:
+        return self.remote.wait_for_servers(timeout)
+
+    def model_info(self) -> dict[str, Any]:
+        return self.remote.model_info()
+
+    @property
+    def supports_async(self) -> bool:
+        return True
+
+    def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
+        self.remote.set_vocab_mapping(selected_token_ids, selected_token_mask)
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.remote.get_input_embeddings()
+
+    @torch.no_grad()
+    def generate_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    ) -> Eagle3TargetBatch:
+        return to_nemo_batch(self.remote.generate_batch(input_ids, attention_mask, loss_mask))
+
+    def generate_batch_async(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    ) -> NeMoBatchHandle:
+        return NeMoBatchHandle(self.remote.generate_batch_async(input_ids, attention_mask, loss_mask))
+
+    def close(self) -> None:
+        self.remote.close()
+
+    def __enter__(self) -> NeMoTargetBackend:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,83 @@
+"""NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section.
+
+remote_target:
+  endpoints: srv://_http._tcp.llama-targets.default.svc.cluster.local  # default: $EAGLE3_TARGET_SERVICE
+  auth_token_file: /var/run/eagle3-target/token  # default: $EAGLE3_TARGET_AUTH_TOKEN_FILE
+  wait_timeout: 60  # seconds to let the discovered servers join before NeMo sizes its prefetch
+  max_in_flight: 1  # ... and any other client option (PoolOptions fields, nameserver, device)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..endpoints import EndpointError, default_spec, default_token, parse_specs
+from ._imports import nemo_module
+from .backend import NeMoTargetBackend, split_options
+
+_nemo_recipe = nemo_module("recipes.llm.train_eagle3")
+
+DEFAULT_WAIT_TIMEOUT = 60.0
+DEFAULT_SEED = 42  # NeMo's default recipe_args.shuffle_seed
+
+
+def read_token(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise EndpointError(f"remote_target.auth_token_file={path}: {exc}") from None
+    if not token:
+        raise EndpointError(f"remote_target.auth_token_file={path} is empty")
+    return token
+
+
+def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """NeMoTargetBackend's keyword arguments and the join wait, from the ``remote_target`` section."""
+    options = dict(section)
+    endpoints = options.pop("endpoints", None) or default_spec()
+    parse_specs(endpoints if isinstance(endpoints, str) else ",".join(endpoints))  # fail before NeMo loads
+    token_file = options.pop("auth_token_file", None)
+    wait_timeout = float(options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+    token = read_token(token_file) if token_file else default_token()
+    split_options(options)  # a misspelt option fails here too
+    return dict(endpoints=endpoints, auth_token=token, **options), wait_timeout
+
+
+class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
+    """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+
+    def __init__(self, cfg):
+        backend = cfg.get("recipe_args.target_model_backend", "remote")
+        if backend != "remote":
+            raise ValueError(
+                f"recipe_args.target_model_backend={backend!r}: this recipe trains against the eagle3-target "
+                "fleet (remote); use NeMo's own TrainEagle3Recipe for a co-located target"
+            )
+        for nemo_key in ("remote_urls", "remote_url"):
+            if cfg.get(f"recipe_args.{nemo_key}", None):
+                raise ValueError(
+                    f"recipe_args.{nemo_key} configures NeMo's own client; "
+                    "name the fleet with remote_target.endpoints instead"
+                )
+        cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
+        section = cfg.get("remote_target", None)
+        self.remote_target = backend_settings(section.to_dict() if section is not None else {})
+        super().__init__(cfg)
+
+    def setup(self):
+        # NeMo builds the draft from torch's global RNG before it seeds anything itself: seed first, so
+        # one config gives one draft (NeMo's own seed, shuffle_seed, default 42).
+        seed = self.cfg.get("recipe_args.shuffle_seed", None)
+        torch.manual_seed(DEFAULT_SEED if seed is None else int(seed))
+        super().setup()
+
+    def _setup_remote_target(self, recipe_cfg):
+        kwargs, wait_timeout = self.remote_target
+        self.target_model = None
+        self.target_wrapper = NeMoTargetBackend(device=self.device, **kwargs)
+        # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
+        # that discovery found join first (the backend returns as soon as the first one is ready).
+        self.target_wrapper.wait_for_servers(wait_timeout)

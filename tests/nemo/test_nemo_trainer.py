@@ -1,0 +1,293 @@
+"""NeMo AutoModel's own EAGLE-3 trainer on the fleet (nemo-automodel 0.7.0, CPU).
+
+The reference is co-located NeMo training: NeMo's HFEagle3TargetModel runs the same tiny, sharpened Llama
+in-process. Training through NeMoTargetBackend (two server processes, prefetch) must give bit-identical
+per-step losses and final draft weights; so must NeMo's recipe through our TrainEagle3Recipe and through
+`eagle3-target train-draft`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from nemo_automodel.components.config._arg_parser import parse_args_and_load_config
+from nemo_automodel.components.datasets.llm.eagle3 import (
+    build_eagle3_dataloader,
+    load_or_build_eagle3_token_mapping,
+)
+from nemo_automodel.components.speculative.eagle import (
+    Eagle3TrainerModule,
+    HFEagle3TargetModel,
+    LlamaEagle3DraftModel,
+)
+from nemo_automodel.recipes.llm import train_eagle3 as nemo_recipe
+from safetensors.torch import load_file
+from target_support import TargetProcess
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from eagle3_target.client.nemo import NeMoTargetBackend, TrainEagle3Recipe
+
+from .nemo_support import build_target, write_chats
+
+TOKEN = "s3cret-trainer-token"
+SEED = 42  # the recipe seeds torch with recipe_args.shuffle_seed (NeMo's default: 42) before setup
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nemo-target")
+    return build_target(root / "model"), write_chats(root / "chats.jsonl", 16)
+
+
+def start_fleet(model: Path, hosts: list[str], *serve_args: str) -> list[TargetProcess]:
+    servers = [TargetProcess(host, "--engine", "hf", "--model", str(model), *serve_args) for host in hosts]
+    try:
+        return [server.wait_ready() for server in servers]
+    except BaseException:
+        for server in servers:
+            server.kill()
+        raise
+
+
+@pytest.fixture(scope="module")
+def fleet(target):
+    servers = start_fleet(target[0], ["127.0.0.2", "127.0.0.3"])
+    yield servers
+    for server in servers:
+        server.kill()
+
+
+# -- a NeMo training loop over any Eagle3TargetBackend ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    model, chats = target
+    loader = build_eagle3_dataloader(
+        data_path=str(chats),
+        tokenizer=AutoTokenizer.from_pretrained(model),
+        seq_length=32,
+        batch_size=2,
+        shuffle=False,
+    )
+    ids, mask = load_or_build_eagle3_token_mapping(loader, target_vocab_size=512, draft_vocab_size=128)
+    batches = [(b["input_ids"], b["attention_mask"], b["loss_mask"]) for b in loader]
+    return batches, ids, mask
+
+
+def prefetched(backend, batches):
+    """NeMo's prefetch pattern: up to num_remote_servers requests in flight, results in order."""
+    it = iter(batches)
+    pending = collections.deque(
+        backend.generate_batch_async(*b) for b in itertools.islice(it, backend.num_remote_servers)
+    )
+    while pending:
+        result = pending.popleft().result(timeout=120)
+        pending.extend(backend.generate_batch_async(*b) for b in itertools.islice(it, 1))
+        yield result
+
+
+def train(backend, data, model: Path, *, prefetch: bool, after_step=None):
+    """Per-step losses and final draft weights of EAGLE-3 training with NeMo's own modules."""
+    batches, ids, mask = data
+    backend.set_vocab_mapping(ids, mask)
+    config = AutoModelForCausalLM.from_pretrained(model).config.to_dict()
+    config.update(
+        draft_vocab_size=ids.numel(),
+        target_hidden_size=config["hidden_size"],
+        architectures=["LlamaEagle3DraftModel"],
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(SEED)
+    draft = LlamaEagle3DraftModel(LlamaConfig.from_dict(config))
+    draft.copy_embeddings_from_target(backend.get_input_embeddings())
+    draft.set_vocab_mapping(ids)
+    draft.freeze_embeddings()
+    trainer = Eagle3TrainerModule(draft, selected_token_ids=ids, selected_token_mask=mask, ttt_steps=2)
+    optimizer = torch.optim.AdamW([p for p in trainer.parameters() if p.requires_grad], lr=1e-3)
+    supervision = prefetched(backend, batches) if prefetch else (backend.generate_batch(*b) for b in batches)
+    losses = []
+    for step, target_batch in enumerate(supervision):
+        metrics = trainer(**target_batch.to_trainer_inputs())
+        metrics.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(metrics.loss.detach())
+        if after_step is not None:
+            after_step(step)
+    return torch.stack(losses), {k: v.clone() for k, v in draft.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def colocated(target, data):
+    model = AutoModelForCausalLM.from_pretrained(target[0])
+    return train(HFEagle3TargetModel(model), data, target[0], prefetch=False)
+
+
+def assert_identical(got, reference):
+    losses, weights = got
+    ref_losses, ref_weights = reference
+    assert ref_losses[-1] < ref_losses[0] - 0.1, "the reference loss must move, or equality proves little"
+    assert torch.equal(losses, ref_losses), (losses, ref_losses)
+    assert weights.keys() == ref_weights.keys()
+    for name, value in ref_weights.items():
+        assert torch.equal(weights[name], value), name
+
+
+def test_two_servers_with_prefetch_train_bit_identically_to_colocated_nemo(fleet, target, data, colocated):
+    with NeMoTargetBackend([s.url for s in fleet]) as backend:
+        backend.wait_for_servers()
+        assert backend.num_remote_servers == 2 and backend.supports_async
+        before = [s.generated() for s in fleet]
+        got = train(backend, data, target[0], prefetch=True)
+    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
+    assert_identical(got, colocated)
+
+
+def test_a_server_sigkilled_mid_run_changes_nothing(fleet, target, data, colocated):
+    victim = start_fleet(target[0], ["127.0.0.4"])[0]
+    try:
+        with NeMoTargetBackend([fleet[0].url, victim.url], deadline=120) as backend:
+            backend.wait_for_servers()
+            assert backend.num_remote_servers == 2
+
+            def kill_after_third_step(step: int) -> None:
+                if step == 2:
+                    assert victim.generated() > 0, "the victim must have served before it dies"
+                    victim.kill()
+
+            got = train(backend, data, target[0], prefetch=True, after_step=kill_after_third_step)
+            assert victim.process.returncode == -9
+            assert backend.num_remote_servers == 1
+    finally:
+        victim.kill()
+    assert_identical(got, colocated)
+
+
+def test_token_auth_on_the_servers(tmp_path, target, data, colocated):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    servers = start_fleet(target[0], ["127.0.0.5", "127.0.0.6"], "--auth-token-file", str(token_file))
+    try:
+        urls = [s.url for s in servers]
+        with NeMoTargetBackend(urls, auth_token=TOKEN) as backend:
+            backend.wait_for_servers()
+            assert backend.num_remote_servers == 2
+            got = train(backend, data, target[0], prefetch=True)
+        with pytest.raises(Exception, match="401|token|auth"):
+            NeMoTargetBackend(urls, auth_token="wrong", start_timeout=5)
+    finally:
+        for server in servers:
+            server.kill()
+    assert_identical(got, colocated)
+
+
+# -- NeMo's recipe: TrainEagle3Recipe and `eagle3-target train-draft` -------------------------
+
+
+class CpuAutoModel:
+    """The shim for a CPU reference: NeMo's co-located loader assumes CUDA (torch.cuda.current_device)."""
+
+    @staticmethod
+    def from_pretrained(path, torch_dtype, **_):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+
+
+def recipe_yaml(out: Path, target, **extra) -> Path:
+    model, chats = target
+    config = {
+        "dist_env": {"backend": "gloo"},
+        "recipe_args": {
+            "target_model_name_or_path": str(model),
+            "train_data_path": str(chats),
+            "seq_length": 32,
+            "micro_batch_size": 2,
+            "ttt_steps": 2,
+            "num_epochs": 1,
+            "draft_vocab_size": 128,
+            "output_dir": str(out),
+            "log_every_steps": 4,
+        },
+        "optimizer": {"lr": 1e-3},
+        "checkpoint": {"checkpoint_dir": str(out / "checkpoints")},
+    }
+    for dotted, value in extra.items():
+        section, key = dotted.split("__")
+        config.setdefault(section, {})[key] = value
+    path = out / "recipe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def load_config(path: Path, *overrides: str):
+    return parse_args_and_load_config(argv=["--config", str(path), *overrides])
+
+
+def final_weights(checkpoints: Path) -> dict[str, torch.Tensor]:
+    """The consolidated (HF safetensors) draft of the one checkpoint a run wrote."""
+    files = list(checkpoints.glob("epoch_*_step_*/model/consolidated/*.safetensors"))
+    assert len(files) == 1, files
+    return load_file(files[0])
+
+
+def assert_same_weights(got: dict, reference: dict) -> None:
+    assert got.keys() == reference.keys()
+    for name, value in reference.items():
+        assert torch.equal(got[name], value), name
+
+
+@pytest.fixture(scope="module")
+def colocated_recipe(target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("colocated-recipe")
+    cfg = load_config(recipe_yaml(out, target))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nemo_recipe, "NeMoAutoModelForCausalLM", CpuAutoModel)
+        torch.manual_seed(SEED)  # what our recipe does before setup
+        recipe = nemo_recipe.TrainEagle3Recipe(cfg)
+        recipe.setup()
+        initial = {k: v.clone() for k, v in recipe.draft_model.state_dict().items()}
+        recipe.run_train_validation_loop()
+    weights = final_weights(out / "checkpoints")
+    assert any(not torch.equal(weights[k], initial[k]) for k in weights), "the reference must train"
+    return weights
+
+
+def test_recipe_class_trains_bit_identically_and_writes_a_checkpoint(
+    fleet, target, tmp_path, colocated_recipe
+):
+    endpoints = ",".join(s.url for s in fleet)
+    path = recipe_yaml(
+        tmp_path, target, recipe_args__target_prefetch_depth=4, remote_target__endpoints=endpoints
+    )
+    recipe = TrainEagle3Recipe(load_config(path))
+    recipe.setup()
+    assert recipe.target_prefetch_depth == 2  # both servers joined before NeMo capped the depth
+    recipe.run_train_validation_loop()
+    assert_same_weights(final_weights(tmp_path / "checkpoints"), colocated_recipe)
+
+
+def test_train_draft_trains_bit_identically_and_writes_a_checkpoint(
+    fleet, target, tmp_path, colocated_recipe, monkeypatch
+):
+    path = recipe_yaml(tmp_path, target, recipe_args__target_prefetch_depth=2)
+    checkpoints = tmp_path / "elsewhere"
+    monkeypatch.setenv("EAGLE3_TARGET_SERVICE", ",".join(s.url for s in fleet))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle3_target.cli", "train-draft", "--config", str(path)]
+        + [f"--checkpoint.checkpoint_dir={checkpoints}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (tmp_path / "checkpoints").exists()  # the override, not the YAML, named the directory
+    assert_same_weights(final_weights(checkpoints), colocated_recipe)
