@@ -82,10 +82,11 @@ def test_the_check_catches_objects_before_their_namespace_or_kind():
 
 def test_trainer_job_passes_the_network_policy_in_a_trainer_image():
     values = yaml.safe_load((REPO / "charts" / "eagle3-target" / "values.yaml").read_text())
-    (job,) = documents("example-trainer-job.yaml")
+    job = next(d for d in documents("example-trainer-job.yaml") if d["kind"] == "Job")
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert values["networkPolicy"]["trainerSelector"].items() <= labels.items()
-    (container,) = job["spec"]["template"]["spec"]["containers"]
+    pod = job["spec"]["template"]["spec"]
     server_images = {values["target"]["image"]["repository"], values["operator"]["image"]["repository"]}
     server_images |= set(values["target"]["image"]["engineRepositories"].values())
-    assert container["image"].rpartition(":")[0] not in server_images
+    for container in pod["initContainers"] + pod["containers"]:
+        assert container["image"].rpartition(":")[0] not in server_images

@@ -136,17 +136,19 @@ def test_operator_deployment_is_single_recreate_with_liveness():
     assert "http://0.0.0.0:8080/healthz" in container["args"]
 
 
-def test_trainer_job_probes_the_published_service():
-    job = load_all("example-trainer-job.yaml")[0]
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["eagle3-target", "probe", "$(EAGLE3_TARGET_SERVICE)"]
-    assert container["envFrom"] == [{"configMapRef": {"name": builders.client_configmap_name("llama")}}]
+def test_trainer_job_probes_then_trains_against_the_published_service():
+    job = next(d for d in load_all("example-trainer-job.yaml") if d["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    probe, trainer = pod["initContainers"][0], pod["containers"][0]
+    assert probe["command"] == ["eagle3-target", "probe", "$(EAGLE3_TARGET_SERVICE)"]
+    assert trainer["command"][:2] == ["eagle3-target", "train-draft"]  # its recipe: tests/nemo
     target = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
-    secret = job["spec"]["template"]["spec"]["volumes"][0]["secret"]
+    secret = pod["volumes"][0]["secret"]
     assert secret["secretName"] == target["spec"]["authTokenSecret"]["name"]
-    assert {"name": "EAGLE3_TARGET_AUTH_TOKEN_FILE", "value": f"{builders.TOKEN_DIR}/token"} in container[
-        "env"
-    ]
+    for container in (probe, trainer):
+        assert container["envFrom"] == [{"configMapRef": {"name": builders.client_configmap_name("llama")}}]
+        token_env = {"name": "EAGLE3_TARGET_AUTH_TOKEN_FILE", "value": f"{builders.TOKEN_DIR}/token"}
+        assert token_env in container["env"]
 
 
 def test_operator_imports_no_torch():
