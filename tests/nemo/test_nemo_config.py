@@ -58,6 +58,14 @@ def write_config(tmp_path, **recipe_args) -> str:
     return str(path)
 
 
+def test_train_draft_refuses_a_config_that_is_not_yaml_in_one_line(tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("recipe_args: [unclosed\n")
+    assert main(["train-draft", "--config", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("eagle3-target train-draft: error: "), err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

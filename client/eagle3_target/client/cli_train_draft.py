@@ -56,12 +56,14 @@ def run(args: argparse.Namespace) -> int:
         from .nemo._imports import nemo_module
     except ImportError as exc:
         return fail(str(exc))
+    import yaml  # NeMo's own YAML library
+
     parser = nemo_module("components.config._arg_parser")
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
         recipe = TrainEagle3Recipe(cfg)
-    except (EndpointError, ValueError) as exc:
-        return fail(str(exc))
+    except (EndpointError, ValueError, yaml.YAMLError) as exc:
+        return fail(" ".join(str(exc).split()))
     recipe.setup()
     recipe.run_train_validation_loop()
     return 0
