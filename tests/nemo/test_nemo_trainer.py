@@ -143,8 +143,11 @@ def assert_identical(got, reference):
         assert torch.equal(weights[name], value), name
 
 
-def test_two_servers_with_prefetch_train_bit_identically_to_colocated_nemo(fleet, target, data, colocated):
-    with NeMoTargetBackend([s.url for s in fleet]) as backend:
+@pytest.mark.parametrize("encoding", ["nemo", "logits"])  # NeMo's reply, and our compact exact one
+def test_two_servers_with_prefetch_train_bit_identically_to_colocated_nemo(
+    encoding, fleet, target, data, colocated
+):
+    with NeMoTargetBackend([s.url for s in fleet], encoding=encoding) as backend:
         backend.wait_for_servers()
         assert backend.num_remote_servers == 2 and backend.supports_async
         before = [s.generated() for s in fleet]

@@ -136,7 +136,7 @@ def check(tensors: Mapping[str, torch.Tensor | None], want: Expected) -> None:
             )
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: a trainer's loss saves these for backward, which inference tensors refuse
 def decode(
     encoding: str,
     tensors: Mapping[str, torch.Tensor],

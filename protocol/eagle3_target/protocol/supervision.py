@@ -59,7 +59,7 @@ def position_mask(logits: torch.Tensor, loss_mask: torch.Tensor, vocab: VocabMap
     return out
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: the client assembles what a trainer's loss saves for backward
 def assemble(
     aux_hidden_states: torch.Tensor,
     draft_tail: torch.Tensor,

@@ -30,7 +30,7 @@ def split_options(options: dict[str, Any]) -> tuple[PoolOptions, dict[str, Any]]
         known = ", ".join(sorted(POOL_OPTION_NAMES | BACKEND_OPTION_NAMES))
         raise ValueError(f"unknown client option(s) {', '.join(sorted(unknown))}; known: {known}")
     pool = PoolOptions(**{k: v for k, v in options.items() if k in POOL_OPTION_NAMES})
-    return pool, {k: v for k, v in options.items() if k in BACKEND_OPTION_NAMES}
+    return pool, {k: v for k, v in options.items() if k not in POOL_OPTION_NAMES}
 
 
 def to_nemo_batch(batch: TargetBatch) -> Eagle3TargetBatch:
@@ -59,7 +59,8 @@ class NeMoTargetBackend(Eagle3TargetBackend):
     ``endpoints``: a spec or list of specs, as RemoteTargetBackend takes (default: $EAGLE3_TARGET_SERVICE).
     ``auth_token``: default: the file named by $EAGLE3_TARGET_AUTH_TOKEN_FILE.
     ``options``: PoolOptions fields (``max_in_flight``, ``deadline``, ...) and RemoteTargetBackend's
-    keyword arguments (``nameserver``, ``device``, ...), in one flat set, as a YAML section gives them.
+    keyword arguments (``nameserver``, ``device``, ...), in one flat set, as a YAML section gives them:
+    ``encoding="logits"`` asks for the compact, bit-identical reply encoding (docs/server.md).
     """
 
     def __init__(
