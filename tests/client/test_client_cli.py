@@ -107,11 +107,13 @@ def test_bench_prints_throughput(farm, capsys):
             "6",
             "--draft-vocab",
             "100",
+            "--encoding",
+            "hidden",
         ]
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "2 servers" in out and "B=2 S=64 draft vocab 100" in out
+    assert "2 servers" in out and "B=2 S=64 draft vocab 100, encoding hidden" in out
     assert "batches/s" in out and "tokens/s" in out and "MB/s" in out and "(6 batches in" in out
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from eagle3_target.protocol import encodings
+
 from .backend import RemoteTargetBackend
 from .cli_probe import describe, probe, read_token
 from .dispatch import BatchFailedError, PoolOptions
@@ -60,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         help="seconds to wait for every server found to join before measuring (default 60)",
+    )
+    p.add_argument(
+        "--encoding",
+        choices=encodings.CHOICES,
+        default=encodings.AUTO,
+        help="supervision encoding (default auto: the most compact exact one each server offers)",
     )
     p.add_argument(
         "--data-path",
@@ -140,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"eagle3-target bench: error: {exc}", file=sys.stderr)
         return 2
     options = PoolOptions(
-        max_in_flight=args.max_in_flight, data_path=args.data_path, start_timeout=args.start_timeout
+        max_in_flight=args.max_in_flight,
+        data_path=args.data_path,
+        start_timeout=args.start_timeout,
+        encoding=args.encoding,
     )
     try:
         return bench(args, token, options)
@@ -170,7 +181,8 @@ def bench(args: argparse.Namespace, token: str | None, options: PoolOptions) -> 
             )
         print(
             f"{joined} servers, model {info.get('model', '?')}, "
-            f"B={args.batch_size} S={args.seq_len} draft vocab {draft}"
+            f"B={args.batch_size} S={args.seq_len} draft vocab {draft}, "
+            f"encoding {', '.join(sorted(set(backend.encodings.values())))}"
         )
         print(measure(backend, args.batch_size, args.seq_len, args.batches, args.warmup, args.depth))
     return 0
