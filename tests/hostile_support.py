@@ -283,6 +283,8 @@ class ServerProcess:
         raise AssertionError("no VmRSS")
 
     def logs(self) -> str:
+        if self.log.closed:
+            return self.final_logs
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
@@ -291,11 +293,9 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
-        if self.log.closed:
-            return ""
-        logs = self.logs()
+        self.final_logs = self.logs()
         self.log.close()
-        return logs
+        return self.final_logs
 
     def __enter__(self):
         self.wait_ready()

@@ -1,7 +1,9 @@
 """`eagle3-target serve` as a user runs it: a real process on loopback."""
 
+import concurrent.futures
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -9,8 +11,11 @@ import time
 import urllib.request
 
 import pytest
+import torch
+from target_support import generate_body, vocab_body
 from transformers import LlamaConfig
 
+from eagle3_target.protocol import wire
 from eagle3_target.server.runners.tiny import TINY_LLAMA
 
 
@@ -242,3 +247,45 @@ def test_double_colon_binds_both_families():
                 conn.close()
                 peers.append(peer[0])
     assert peers == ["::ffff:127.0.0.1", "::1"]  # IPv4 arrives v4-mapped on the one IPv6 socket
+
+
+def test_sigterm_drains_requests_in_flight_and_refuses_new_ones():
+    port = free_port()
+    proc = start(
+        "--port", str(port), "--engine", "synthetic", "--forward-delay", "1.5", "--drain-timeout", "20"
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        ids = torch.arange(10)
+        mask = torch.zeros(512, dtype=torch.bool)
+        mask[ids] = True
+        assert http("POST", f"{url}/set_vocab_mapping", vocab_body(ids, mask))[0] == 200
+        batch = generate_body(torch.zeros(1, 8, dtype=torch.long))
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            in_flight = [pool.submit(http, "POST", f"{url}/generate", batch) for _ in range(3)]
+            time.sleep(0.5)  # all three sent; the compute lock runs them one after another
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            assert http("GET", f"{url}/health") == (503, b'{"status": "draining"}')
+            status, body = http("POST", f"{url}/generate", batch)
+            assert status == 503 and json.loads(body)["error"] == "draining"
+            for future in in_flight:
+                status, body = future.result()
+                assert status == 200 and wire.decode(bytearray(body))["target_probs"].shape == (1, 8, 10)
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 20
+    finally:
+        proc.kill()
+
+
+def test_sigterm_while_the_model_loads_exits_at_once():
+    proc = start("--port", str(free_port()))  # the hf engine: seconds of imports and loading
+    try:
+        next(line for line in iter(proc.stderr.readline, b"") if b"listening on" in line)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert b"ready:" not in proc.stderr.read()
+    finally:
+        proc.kill()

@@ -1,7 +1,11 @@
 """Memory and connections of a real server process under hung-up, stalled and many clients."""
 
 import asyncio
+import contextlib
+import resource
 import socket
+import struct
+import time
 
 import aiohttp
 import pytest
@@ -10,7 +14,7 @@ from hostile_support import Case, ServerProcess, raw_request
 from prometheus_client.parser import text_string_to_metric_families
 from target_support import generate_body, vocab_body
 
-from eagle3_target.protocol import spec
+from eagle3_target.protocol import spec, wire
 
 V = 1024
 # A 302 MB response that costs little compute: S=3072, aux 3 x 16384 bf16 (the synthetic runner's
@@ -125,3 +129,88 @@ async def test_rss_stays_flat_over_3000_valid_requests():
 @pytest.fixture(autouse=True)
 def _one_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def _soft_fd_limit(n: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    return apply
+
+
+async def health_latency(srv: ServerProcess) -> float:
+    start = time.monotonic()
+    reply = await raw_request("127.0.0.1", srv.port, Case("GET", "/health", [], b""), timeout=30)
+    assert reply.status == 200
+    return time.monotonic() - start
+
+
+async def test_health_answers_while_1500_idle_sockets_are_open():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard open-file limit {hard} leaves no room for 1,500 sockets on each side")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    # The server starts with the soft limit most images have (1024) and must raise it itself.
+    with ServerProcess(dict(vocab_size=64), preexec_fn=_soft_fd_limit(1024)) as srv:
+        idle = []
+        try:
+            for _ in range(1500):
+                idle.append(socket.create_connection(("127.0.0.1", srv.port)))
+            await asyncio.sleep(1)  # let the server accept them all
+            latency = await health_latency(srv)
+            assert latency < 2, f"/health took {latency:.2f}s with 1500 idle sockets open"
+        finally:
+            for sock in idle:
+                sock.close()
+    assert "open-file limit raised from 1024" in srv.logs()
+
+
+async def test_idle_and_slow_header_connections_are_reaped():
+    with ServerProcess(dict(vocab_size=64), keepalive_timeout=1.0) as srv:
+        idle = socket.create_connection(("127.0.0.1", srv.port))
+        slow = socket.create_connection(("127.0.0.1", srv.port))
+        reused = socket.create_connection(("127.0.0.1", srv.port))
+        reused.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")  # one request, then idle on keep-alive
+        start = time.monotonic()
+        for sock in (idle, slow, reused):
+            sock.settimeout(0.2)
+        closed = set()
+        while len(closed) < 3 and time.monotonic() - start < 30:
+            if "slow" not in closed:
+                with contextlib.suppress(OSError):
+                    slow.sendall(b"X")  # a header trickling in, one byte at a time: never complete
+            for name, sock in (("idle", idle), ("slow", slow), ("reused", reused)):
+                if name in closed:
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed.add(name)
+                    continue
+                if not data:
+                    closed.add(name)
+        for sock in (idle, slow, reused):
+            sock.close()
+        assert closed == {"idle", "slow", "reused"}, f"only {closed} were closed within 30 s"
+
+
+async def test_probes_answer_within_a_second_while_a_60_mib_body_of_tiny_entries_is_handled():
+    entry = struct.pack("<I", 1) + b"k" + b"\x01"  # a None entry: 6 bytes
+    body = wire.MAGIC_BYTES + entry * ((60 << 20) // len(entry))
+    with ServerProcess(dict(vocab_size=64)) as srv:
+        await set_mapping(srv, 64)
+        big = asyncio.create_task(
+            raw_request("127.0.0.1", srv.port, Case("POST", "/generate", SESSION, body))
+        )
+        worst = 0.0
+        while not big.done():
+            for endpoint in ("/livez", "/health"):
+                start = time.monotonic()
+                reply = await raw_request("127.0.0.1", srv.port, Case("GET", endpoint, [], b""), timeout=30)
+                assert reply.status == 200
+                worst = max(worst, time.monotonic() - start)
+            await asyncio.sleep(0.05)
+        assert (await big).status == 400
+        assert worst < 1, f"a probe took {worst:.2f}s while the big body was handled"

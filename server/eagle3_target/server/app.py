@@ -11,12 +11,16 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
+import resource
+import signal
 import socket
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 from aiohttp import web
@@ -41,6 +45,8 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 # seconds (attention is quadratic in S); a GPU target with memory to spare raises it.
 DEFAULT_MAX_BATCH_TOKENS = 8192
 INIT_NCCL_MAX_BYTES = 64 << 10  # a small JSON object
+# SIGTERM to exit: fits Kubernetes' default 30 s grace with room for the endpoint update.
+DEFAULT_DRAIN_TIMEOUT = 20.0
 SESSION_RETRY_AFTER = 30  # seconds a client past --max-sessions is asked to wait
 WARMUP_TOKENS = 8
 CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
@@ -61,6 +67,7 @@ class ServerOptions:
     p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
 
 
@@ -75,6 +82,8 @@ class TargetServer:
         self.runner: TargetRunner | None = None
         self.load_error: BaseException | None = None
         self.stopped = asyncio.Event()  # set by --exit-on-disconnect or a failed load
+        self.draining = False  # SIGTERM: finish what is in flight, take nothing new
+        self._busy = 0  # requests in flight that a drain waits for
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
         self._compute_lock = asyncio.Lock()
         self.dataplane = DataPlane(
@@ -138,6 +147,20 @@ class TargetServer:
             await self._on_model_thread(self.runner.close)
         self._model_thread.shutdown(wait=False)
 
+    async def drain(self) -> None:
+        """Stop taking work and wait, up to drain_timeout, for the requests in flight to finish."""
+        self.draining = True
+        self.metrics.ready.set(0)
+        log.info("draining: %d requests in flight, up to %.0fs", self._busy, self.options.drain_timeout)
+        if self.runner is None:
+            return  # still loading: nothing to finish
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.options.drain_timeout):
+                while self._busy:
+                    await asyncio.sleep(0.05)
+        if self._busy:
+            log.warning("drain timeout: %d requests still in flight are dropped", self._busy)
+
     async def _on_model_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
 
@@ -186,6 +209,8 @@ class TargetServer:
         start = time.perf_counter()
         code = 500
         self.metrics.in_flight.inc()
+        waited_for = route != spec.INIT_NCCL  # a pending rendezvous is abandoned, not waited for
+        self._busy += waited_for
         try:
             response = await handler(request)
             code = CLIENT_CLOSED if request.get(CLIENT_CLOSED_KEY) else response.status
@@ -197,6 +222,7 @@ class TargetServer:
             code = CLIENT_CLOSED  # the client went away mid-response: not a server error
             raise
         finally:
+            self._busy -= waited_for
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(route, str(code)).inc()
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
@@ -244,6 +270,8 @@ class TargetServer:
     # -- helpers ---------------------------------------------------------------------------
 
     def _ready_runner(self) -> TargetRunner:
+        if self.draining:
+            raise RequestError(503, "draining", "this server is shutting down; use another")
         if self.runner is None:
             raise RequestError(503, "not_ready", "the target model is still loading")
         return self.runner
@@ -292,6 +320,8 @@ class TargetServer:
         return web.json_response({"status": "alive", "ready": self.runner is not None})
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.json_response({"status": "draining"}, status=503)
         if self.runner is None:
             return web.json_response({"status": "loading"}, status=503)
         return web.json_response({"status": "ok"})
@@ -535,24 +565,54 @@ def listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=dual, backlog=1024)
 
 
-def run_server(server: TargetServer, *socks: socket.socket) -> int:
-    """Serve on every one of ``socks`` until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load."""
+def _raise_fd_limit() -> None:
+    """Every connection is a file descriptor: take the hard limit, not the soft 1024 most images start with."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
+        return
+    log.info("open-file limit raised from %d to %d", soft, target)
+
+
+def run_server(server: TargetServer, *socks: socket.socket) -> NoReturn:
+    """Serve on every one of ``socks`` until SIGINT/SIGTERM, --exit-on-disconnect, or a failed model load; then exit.
+
+    SIGTERM drains: readiness and new model requests answer 503 at once, requests in flight are
+    finished and delivered for up to --drain-timeout, then the process exits without waiting for
+    its threads (a model still loading, a rendezvous waiting for a peer that will never come).
+    """
 
     async def main() -> int:
-        runner = server.app_runner(handle_signals=True)
+        signalled = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, signalled.set)
+        _raise_fd_limit()
+        runner = server.app_runner(shutdown_timeout=1.0)
         await runner.setup()
         for sock in socks:
             site = web.SockSite(runner, sock)
             await site.start()
             log.info("listening on %s (model loading in the background)", site.name)
+        stopped = asyncio.create_task(server.stopped.wait())
+        await asyncio.wait(
+            [stopped, asyncio.create_task(signalled.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
         try:
-            await server.stopped.wait()
+            if signalled.is_set():
+                await server.drain()
         finally:
             with contextlib.suppress(Exception):
                 await runner.cleanup()
         return 1 if server.load_error else 0
 
-    try:
-        return asyncio.run(main())
-    except (KeyboardInterrupt, web.GracefulExit):
-        return 0
+    code = asyncio.run(main())
+    # Interpreter shutdown would join the worker threads: a model load or a rendezvous can take
+    # minutes, past Kubernetes' grace period. Nothing they hold needs saving.
+    logging.shutdown()
+    os._exit(code)

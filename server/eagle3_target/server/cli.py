@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import preflight
 from .app import (
+    DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
     ServerOptions,
@@ -128,6 +129,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"new client sessions past this many get 429 (default {DEFAULT_MAX_SESSIONS})",
     )
     p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        help="on SIGTERM, seconds to finish requests in flight before exiting "
+        f"(default {DEFAULT_DRAIN_TIMEOUT:.0f}; keep it under the pod's termination grace period)",
+    )
+    p.add_argument(
         "--session-ttl",
         type=float,
         default=3600.0,
@@ -236,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens,
         keepalive_timeout=args.keepalive_timeout,
         max_sessions=args.max_sessions,
+        drain_timeout=args.drain_timeout,
         write_timeout=args.write_timeout,
         session_ttl=args.session_ttl,
         exit_on_disconnect=args.exit_on_disconnect,
