@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from chart.prometheus_support import POD_LABELS, Prometheus, free_port, running_prometheus, write_rules
+from chart.prometheus_support import POD_LABELS, Prometheus, running_prometheus, write_rules
 from chart.render import CI_VALUES, MONITORING_APIS, one, template
+from target_support import free_port
 from tools import Tools, install_tools
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from chart.render import NAMESPACE, RELEASE
+from target_support import free_port
 
 # The pod a scraped server stands in for: replica 0 of the Eagle3Target the chart renders, labelled as the
 # Prometheus Operator labels a target it discovers.
@@ -49,12 +49,6 @@ def write_rules(prometheus_rule: dict, path: Path) -> Path:
     """A PrometheusRule's spec is a Prometheus rule file: {groups: [...]}."""
     path.write_text(yaml.safe_dump({"groups": prometheus_rule["spec"]["groups"]}, sort_keys=False))
     return path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

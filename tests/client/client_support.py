@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import torch
@@ -11,12 +10,6 @@ from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 VOCAB = 512
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 15.0) -> None:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -16,6 +13,7 @@ import pytest
 from aiohttp import web
 from dnslib import AAAA, QTYPE, RR, SRV, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer, TCPServer, UDPServer
+from target_support import TargetProcess
 
 from eagle3_target.client.endpoints import base_url
 from eagle3_target.server.app import ServerOptions, TargetServer
@@ -189,47 +187,18 @@ def farm():
 # -- subprocess servers (for kill -9) --------------------------------------------------------
 
 
-class ServerProcess:
-    def __init__(self, host: str, port: int, forward_delay: float):
-        self.url = f"http://{host}:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "eagle3_target.cli",
-            "--log-level",
-            "WARNING",
-            "serve",
-            "--engine",
-            "synthetic",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--forward-delay",
-            str(forward_delay),
-        ]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-
 @pytest.fixture
 def spawn_server():
-    started: list[ServerProcess] = []
+    """`eagle3-target serve --engine synthetic` processes (for kill -9 and SIGSTOP), killed at the end."""
+    started: list[TargetProcess] = []
 
-    def spawn(host: str, port: int, forward_delay: float = 0.0) -> ServerProcess:
-        proc = ServerProcess(host, port, forward_delay)
-        started.append(proc)
-        return proc
+    def spawn(host: str, forward_delay: float = 0.0) -> TargetProcess:
+        started.append(TargetProcess(host, "--engine", "synthetic", "--forward-delay", str(forward_delay)))
+        return started[-1]
 
     yield spawn
     for proc in started:
         proc.kill()
-        if proc.process.stderr:
-            proc.process.stderr.close()
 
 
 @pytest.fixture(autouse=True)

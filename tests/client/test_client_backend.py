@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from target_support import free_port
 
 from eagle3_target.client import (
     BatchFailedError,
@@ -17,7 +18,7 @@ from eagle3_target.client import (
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
-from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch, wait_until
+from .client_support import assert_batch_matches, draft_vocab, expected, make_batch, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

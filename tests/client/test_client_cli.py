@@ -7,7 +7,6 @@ import fcntl
 import json
 import os
 import pty
-import socket
 import struct
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import termios
 import time
 
 import pytest
+from target_support import free_port
 
 from eagle3_target.cli import main
 from eagle3_target.server.app import ServerOptions
@@ -22,12 +22,6 @@ from eagle3_target.server.app import ServerOptions
 pytestmark = pytest.mark.timeout(60)
 
 SERVICE = "targets.team.svc.cluster.local"
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def test_probe_lists_servers_found_through_dns(farm, dns_server, capsys):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from target_support import free_port
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
-from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch, wait_until
+from .client_support import assert_batch_matches, draft_vocab, expected, make_batch, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

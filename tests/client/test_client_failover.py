@@ -10,14 +10,14 @@ import pytest
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
-from .client_support import assert_batch_matches, draft_vocab, expected, free_port, make_batch, wait_until
+from .client_support import assert_batch_matches, draft_vocab, expected, make_batch, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_killing_a_server_mid_run_loses_and_duplicates_nothing(spawn_server):
     hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
-    servers = [spawn_server(host, free_port(host), forward_delay=0.05) for host in hosts]
+    servers = [spawn_server(host, forward_delay=0.05) for host in hosts]
     options = PoolOptions(
         deadline=30, start_timeout=60, backoff_base=0.01, backoff_max=0.2, resolve_interval=0.5
     )
@@ -42,7 +42,7 @@ def test_killing_a_server_mid_run_loses_and_duplicates_nothing(spawn_server):
 def test_a_silent_server_costs_a_batch_the_hedge_threshold_not_the_request_timeout(spawn_server, caplog):
     """SIGSTOP keeps the server's sockets open and answers nothing, as a wedged GPU or stalled node does."""
     hosts = ["127.0.0.2", "127.0.0.3"]
-    servers = [spawn_server(host, free_port(host), forward_delay=0.05) for host in hosts]
+    servers = [spawn_server(host, forward_delay=0.05) for host in hosts]
     options = PoolOptions(
         request_timeout=120, start_timeout=60, hedge_after=3.0, backoff_base=0.01, backoff_max=0.5
     )
