@@ -44,11 +44,14 @@ def test_pod_runs_serve_with_probes_gpu_limit_and_restricted_security():
         "8001",
         "--nccl-port-range",
         "29600-29607",
+        "--drain-timeout",
+        "30",
         "--aux-layer-ids",
         "2,10,20",
         "--auth-token-file",
         "/var/run/eagle3-target/token",
     ]
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 30 + 10  # the drain, and time to exit after it
     assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": 1}
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 1800

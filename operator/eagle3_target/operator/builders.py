@@ -18,8 +18,10 @@ HASH_ANNOTATION = f"{GROUP}/spec-hash"
 TOKEN_DIR = "/var/run/eagle3-target"
 CACHE_DIR = "/var/cache/eagle3-target"
 HF_HOME = f"{CACHE_DIR}/huggingface"
-# The server drains in-flight requests on SIGTERM for up to 30 s; the pod gets room to exit by itself.
-TERMINATION_GRACE_SECONDS = 45
+# On SIGTERM the server finishes requests in flight for up to DRAIN_SECONDS (`serve --drain-timeout`); the pod's
+# grace period leaves it room beyond that to exit by itself before the kubelet kills it.
+DRAIN_SECONDS = 30
+TERMINATION_GRACE_SECONDS = DRAIN_SECONDS + 15
 # The longest derived DNS label: `<name>-peers` (a Service name, at most 63 characters); the CRD's CEL rule
 # enforces the same bound at admission.
 MAX_NAME_LENGTH = 63 - len("-peers")
@@ -82,6 +84,8 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
         str(ports.http),
         "--nccl-port-range",
         ports.nccl_range,
+        "--drain-timeout",
+        str(DRAIN_SECONDS),
     ]
     if spec.aux_layer_ids is not None:
         args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
