@@ -6,12 +6,23 @@ compare: fetch the same batches once per encoding, all point-to-point, and print
          differs from "nemo": exact or not, and the largest target_probs difference.
 stall:   build a group, ask for one p2p batch, receive only its first tensor, print
          STALLED and sleep (the test kills us mid-transfer).
+hold:    build --sessions groups, one session each, print HELD, then heartbeat every
+         --heartbeat seconds until killed.
+victim:  call /init_nccl in the authenticated mode and print its reply; on a line from the
+         test, join with that secret (or, if that fails, build a fresh group) and fetch one
+         batch over p2p; print one JSON line of results.
+attack:  URL is HOST:PORT of someone else's rendezvous. Connect to its store (print
+         CONNECTED), set --hello if given, join a gloo group as rank 1 under --namespace
+         (default: NeMo's layout) and print REFUSED if that fails. Otherwise print JOINED,
+         receive the 32-byte challenge, answer it with zeros, and print CLOSED if the server
+         then drops us or RECEIVED if more data arrives.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import sys
 import time
@@ -22,7 +33,7 @@ import torch
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.client.connection import ServerConnection
 from eagle3_target.client.p2p import P2PChannel
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import spec, transport, wire
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
@@ -125,9 +136,83 @@ async def stall(args) -> None:
         time.sleep(600)
 
 
+async def hold(args) -> None:
+    async with aiohttp.ClientSession() as http:
+        conns = []
+        for i in range(args.sessions):
+            conn = ServerConnection(args.url, http, f"holder-{i}", timeout=args.timeout)
+            conn.info = await conn.model_info()
+            await P2PChannel("p2p", timeout=args.timeout)._group(conn)
+            conns.append(conn)
+        print("HELD", flush=True)
+        while True:
+            await asyncio.gather(*(conn.heartbeat() for conn in conns))
+            await asyncio.sleep(args.heartbeat)
+
+
+async def victim(args) -> None:
+    async with aiohttp.ClientSession() as http:
+        conn = ServerConnection(args.url, http, "victim", timeout=args.timeout)
+        vocab = draft_vocab()
+        await conn.set_vocab_mapping(wire.encode(dict(zip(spec.VOCAB_KEYS, vocab, strict=False))))
+        body = json.dumps({"backend": "gloo", "auth": spec.P2P_AUTH}).encode()
+        conn.info = await conn.model_info()
+        reply = await conn.post_json(spec.INIT_NCCL, body)
+        print(json.dumps(reply), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        channel = P2PChannel("p2p", timeout=args.timeout)
+        join = transport.PeerGroup.join
+        try:
+            channel.group = await asyncio.to_thread(
+                join, reply["host"], reply["nccl_port"], "gloo", args.timeout, secret=reply["secret"]
+            )
+            first_join = "ok"
+        except transport.TransferError as exc:
+            first_join = f"failed: {exc}"
+        ids, mask, loss = make_batch(3, args.batch, args.seq)
+        request = wire.encode({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
+        answer = await channel.generate(conn, request, {})
+        got, want = answer and answer[1], expected(ids, loss, vocab)
+        ok = got is not None and all(
+            torch.equal(got[k], want[k].to(got[k].dtype)) for k in spec.SUPERVISION_KEYS
+        )
+        print(json.dumps({"first_join": first_join, "ok": ok, "transfers": channel.transfers}), flush=True)
+
+
+def attack(args) -> None:
+    from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+    host, _, port = args.url.rpartition(":")
+    timeout = datetime.timedelta(seconds=args.timeout)
+    store = TCPStore(host, int(port), 2, False, timeout)
+    print("CONNECTED", flush=True)
+    namespace = args.namespace or transport.group_name(int(port))  # NeMo's layout
+    keys = PrefixStore(f"{namespace}/", store)
+    if args.hello:
+        keys.set("hello", bytes.fromhex(args.hello))
+    options = ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+    try:
+        pg = ProcessGroupGloo(PrefixStore("cpu/", keys), 1, 2, options)
+    except RuntimeError:
+        print("REFUSED", flush=True)
+        return
+    print("JOINED", flush=True)
+    challenge = torch.empty(transport.NONCE_BYTES, dtype=torch.uint8)
+    pg.recv([challenge], 0, 0).wait(timeout)
+    pg.send([torch.zeros(32, dtype=torch.uint8)], 0, 0).wait(timeout)
+    try:
+        pg.recv([torch.empty(8, dtype=torch.uint8)], 0, 0).wait(timeout)
+    except RuntimeError:
+        print("CLOSED", flush=True)
+        return
+    print("RECEIVED", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["batches", "compare", "stall"])
+    p.add_argument("mode", choices=["batches", "compare", "stall", "hold", "victim", "attack"])
     p.add_argument("url")
     p.add_argument("--data-path", default="p2p")
     p.add_argument("--batches", type=int, default=3)
@@ -135,13 +220,19 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--timeout", type=float, default=20.0)
     p.add_argument("--barrier", action="store_true")
+    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument("--heartbeat", type=float, default=1.0)
+    p.add_argument("--namespace")
+    p.add_argument("--hello")
     args = p.parse_args()
     if args.mode == "batches":
         run_batches(args)
     elif args.mode == "compare":
         compare_encodings(args)
+    elif args.mode == "attack":
+        attack(args)
     else:
-        asyncio.run(stall(args))
+        asyncio.run({"stall": stall, "hold": hold, "victim": victim}[args.mode](args))
 
 
 if __name__ == "__main__":

@@ -3,16 +3,19 @@
 import asyncio
 import json
 import socket
+import time
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import spec, wire
 from eagle3_target.protocol.transport import PeerGroup, TransferError, listen
 from eagle3_target.server.app import ServerOptions
-from eagle3_target.server.dataplane import PortRange
+from eagle3_target.server.dataplane import DataPlane, PortRange
 from eagle3_target.server.runners.synthetic import SyntheticRunner
+from eagle3_target.server.sessions import Session
 
 from .dataplane_support import port_range
 
@@ -100,7 +103,7 @@ async def test_unjoined_group_is_torn_down_and_generate_falls_back_to_the_wire()
 async def test_named_port_handshake_sequence_numbers_and_mismatch():
     async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
         headers = await session_with_vocab(srv, "nemo-like")
-        port = port_range()[0]
+        port = srv.server.options.nccl_port_range.end
         # NeMo's order: the client joins while /init_nccl is open; the reply comes after the rendezvous.
         group_task = asyncio.create_task(asyncio.to_thread(PeerGroup.join, "127.0.0.1", port, "gloo", 5.0))
         reply = await init(srv, "nemo-like", {"nccl_port": port, "backend": "gloo"})
@@ -145,3 +148,30 @@ async def test_disconnect_tears_the_sessions_group_down_and_leaves_others():
         assert set(srv.server.dataplane.groups) == {"b"}
         ga.close()
         gb.close()
+
+
+async def test_a_cancelled_send_tears_the_group_down_and_frees_its_port():
+    registry = CollectorRegistry()
+    plane = DataPlane(PortRange(*port_range()), transfer_timeout=5.0, registry=registry)
+    session = Session("s", time.monotonic())
+    body = json.dumps({"backend": "gloo", "auth": spec.P2P_AUTH}).encode()
+    reply = await plane.init(session, "127.0.0.1", body, "cpu")
+    join = PeerGroup.join
+    group = await asyncio.to_thread(
+        join, "127.0.0.1", reply["nccl_port"], "gloo", 30.0, secret=reply["secret"]
+    )
+    try:
+        async with plane.transfer(session, {spec.NCCL_HEADER: "1"}) as transfer:
+            send = asyncio.create_task(transfer.send({"x": torch.ones(1 << 22)}))  # nobody receives it
+            await asyncio.sleep(0.2)
+            send.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await send
+        assert registry.get_sample_value("eagle3_target_p2p_teardowns_total", {"reason": "cancelled"}) == 1
+        deadline = time.monotonic() + 60  # gloo's send in flight ends at its deadline; then the port goes
+        while registry.get_sample_value("eagle3_target_p2p_ports_held") != 0:
+            assert time.monotonic() < deadline, "the cancelled group's port was never released"
+            await asyncio.sleep(0.05)
+        listen("127.0.0.1", reply["nccl_port"]).close()
+    finally:
+        group.close()

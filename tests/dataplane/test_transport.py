@@ -88,3 +88,14 @@ def test_a_taken_port_is_refused_and_port_ranges_parse():
     for bad in ("x-y", "9-8", "0-5", "1-70000"):
         with pytest.raises(ValueError):
             PortRange.parse(bad)
+
+
+def test_join_honours_its_timeout_against_a_port_that_never_answers():
+    silent = listen("127.0.0.1", 0)  # the kernel completes connections; nobody ever speaks
+    start = time.monotonic()
+    try:
+        with pytest.raises(TransferError, match="within 2s"):
+            PeerGroup.join("127.0.0.1", silent.getsockname()[1], GLOO, 2.0)
+    finally:
+        silent.close()
+    assert time.monotonic() - start < 6

@@ -10,6 +10,7 @@ group is dropped and rebuilt after ``retry_after`` seconds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -124,14 +125,24 @@ class P2PChannel:
 
     async def _build(self, conn: ServerConnection) -> PeerGroup:
         offered = offered_backend(conn.info, self.mode)
-        reply = await conn.post_json(spec.INIT_NCCL, json.dumps({"backend": offered}).encode())
-        if reply.get("status") != "ok":
+        body = json.dumps({"backend": offered, "auth": spec.P2P_AUTH}).encode()
+        try:
+            reply = await conn.post_json(spec.INIT_NCCL, body)
+        except ServerError as exc:
+            raise P2PUnavailable(str(exc)) from exc
+        if reply.get("status") != "ok" or "secret" not in reply:
             raise P2PUnavailable(f"/init_nccl answered {reply}")
         device = f"cuda:{torch.cuda.current_device()}" if offered == NCCL else "cpu"
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            None, PeerGroup.join, reply["host"], int(reply["nccl_port"]), offered, self.timeout, device
+        join = functools.partial(
+            PeerGroup.join,
+            reply["host"],
+            int(reply["nccl_port"]),
+            offered,
+            self.timeout,
+            device,
+            secret=reply["secret"],
         )
+        return await asyncio.get_running_loop().run_in_executor(None, join)
 
     def reset(self, why: str) -> None:
         """Drop the group (the server drops its side on its own failure or at our next /init_nccl)."""

@@ -40,6 +40,8 @@ SEQUENCE_HEADER = "X-Eagle3-Seq"
 ENCODING_HEADER = "X-Eagle3-Encoding"
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"
+# Our extension: /init_nccl {"auth": P2P_AUTH} asks for a per-group secret and a proven peer.
+P2P_AUTH = "hmac-sha256"
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

@@ -11,6 +11,15 @@ Store keys: torch's ``_new_process_group_helper`` prefixes every key with
 the same layout and NeMo's group name ``nemo_eagle_target_transfer_<port>``,
 so a NeMo peer on a compatible torch/NCCL finds our keys.
 
+Authenticated mode (our client): the server hands the client a per-group secret in the
+(bearer-token protected) /init_nccl reply. The secret never enters the store, which anyone
+who can reach the port may read in full (TCPStore answers ``list_keys``). Keys live under a
+namespace derived from the secret; the client proves itself with a hello key before the
+server builds its side, and, once the group is up, by answering a fresh nonce with an HMAC
+over the group itself before any tensor is sent. Only the last step is the guarantee: it
+holds whoever ended up as the peer (store, gloo listener or NCCL bootstrap). Without a
+secret the layout is NeMo's and nothing is checked.
+
 A transfer is: an optional 8-byte int64 sequence number, then every non-None
 tensor in the given order; bool, int8 and int16 travel as uint8 byte views (NeMo's
 rule). Gloo aborts the whole process when a receive is posted with a size that
@@ -22,10 +31,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import hmac
+import ipaddress
 import math
+import os
+import secrets
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch.distributed import PrefixStore, TCPStore
@@ -40,12 +55,40 @@ BYTE_VIEW_DTYPES = (torch.bool, torch.int8, torch.int16)
 Metadata = Mapping[str, tuple[torch.dtype, list[int]] | None]
 
 
+NONCE_BYTES = 32
+HELLO_POLL = 0.25  # seconds between checks for a cancelled rendezvous
+UNBLOCK_GRACE = 2.0  # seconds a rendezvous thread gets to return once unblocked
+
+
 class TransferError(RuntimeError):
     """A rendezvous or transfer failed or timed out; the group that raised it is closed."""
 
 
+class PeerRejected(TransferError):
+    """The peer could not prove it holds the group's secret."""
+
+
 def group_name(port: int) -> str:
     return f"{NCCL_GROUP_PREFIX}{port}"
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def _mac(secret: str, *parts: bytes) -> bytes:
+    return hmac.new(bytes.fromhex(secret), b"\0".join(parts), hashlib.sha256).digest()
+
+
+def store_namespace(port: int, secret: str | None) -> str:
+    """Where a group's keys live: NeMo's ``<group_name>`` layout, or under a secret-derived name."""
+    name = group_name(port)
+    return name if secret is None else f"{name}/{_mac(secret, b'namespace').hex()[:32]}"
+
+
+def hello(secret: str) -> tuple[str, bytes]:
+    """(key under the namespace, value) by which a client announces it holds the secret."""
+    return "hello", _mac(secret, b"hello")
 
 
 def backend_for(device: torch.device | str) -> str:
@@ -79,8 +122,88 @@ def local_address_towards(host: str) -> str:
         return probe.getsockname()[0]
 
 
-def _backend(store, rank: int, backend: str, name: str, address: str, timeout: datetime.timedelta):
-    prefixed = PrefixStore(f"{name}/", store)
+def hang_up(host: str, port: int) -> None:
+    """Shut down this process's connections to (host, port), so that a torch call blocked on one returns.
+
+    TCPStore's client can wait forever on a peer that accepted and went silent; its socket
+    is not ours to close, but shutting it down makes the blocked call fail.
+    """
+    peer = (_ip(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]), port)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue  # not a socket, or already gone
+        with sock, contextlib.suppress(OSError):
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                address, remote_port = sock.getpeername()[:2]
+                if (_ip(address), remote_port) == peer:
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(address)
+    return getattr(ip, "ipv4_mapped", None) or ip  # torch connects over IPv6 sockets
+
+
+def within(
+    timeout: float, build: Callable[[], PeerGroup], what: str, give_up: Callable[[], None] | None = None
+) -> PeerGroup:
+    """Run a blocking rendezvous on a daemon thread and give up after ``timeout`` seconds.
+
+    torch's own deadlines do not cover every wait of a rendezvous. On giving up ``give_up``
+    unblocks the thread (a thread left inside torch at exit aborts the process), and a group
+    that completes anyway is closed.
+    """
+    lock = threading.Lock()
+    outcome: list = []  # the group or the exception, unless we gave up first
+    gave_up: list[bool] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            result = build()
+        except BaseException as exc:  # handed to the caller, whatever it is
+            result = exc
+        with lock:
+            if not gave_up:
+                outcome.append(result)
+                finished.set()
+                return
+        if isinstance(result, PeerGroup):
+            result.close()
+
+    thread = threading.Thread(target=run, daemon=True, name=f"rendezvous {what}")
+    thread.start()
+    finished.wait(timeout)
+    with lock:
+        if not outcome:
+            gave_up.append(True)
+    if gave_up:
+        if give_up is not None:
+            give_up()
+            thread.join(UNBLOCK_GRACE)  # let it leave torch before our caller might exit
+        raise TransferError(f"{what} did not complete within {timeout:g}s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _await_hello(store: PrefixStore, secret: str, deadline: float, cancelled: threading.Event | None):
+    """Wait for the client's hello, in short steps so that a cancelled rendezvous ends soon."""
+    key, value = hello(secret)
+    while not store.check([key]):
+        if cancelled is not None and cancelled.is_set():
+            raise TransferError("rendezvous cancelled")
+        if time.monotonic() >= deadline:
+            raise TransferError("no client arrived before the rendezvous timeout")
+        time.sleep(HELLO_POLL)
+    if not hmac.compare_digest(store.get(key), value):
+        raise PeerRejected("a peer announced itself with a wrong hello")
+
+
+def _backend(store, rank: int, backend: str, name: str, namespace: str, address: str, timeout):
+    prefixed = PrefixStore(f"{namespace}/", store)
     if backend == GLOO:
         from torch.distributed import ProcessGroupGloo
 
@@ -103,18 +226,31 @@ def _backend(store, rank: int, backend: str, name: str, address: str, timeout: d
 class PeerGroup:
     """One side of a two-rank group. Not thread-safe: one transfer at a time."""
 
-    def __init__(self, pg, store, *, rank: int, backend: str, name: str, device: torch.device):
+    def __init__(self, pg, store, *, rank: int, backend: str, name: str, device: torch.device | str):
         self._pg, self._store = pg, store
-        self.rank, self.backend, self.name, self.device = rank, backend, name, device
+        self.rank, self.backend, self.name, self.device = rank, backend, name, torch.device(device)
         self.closed = False
+        self._busy = threading.Lock()  # held while a transfer is in flight
 
     @classmethod
-    def host(cls, sock: socket.socket, backend: str, timeout: float, device: str = "cpu") -> PeerGroup:
+    def host(
+        cls,
+        sock: socket.socket,
+        backend: str,
+        timeout: float,
+        device: str = "cpu",
+        *,
+        secret: str | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> PeerGroup:
         """Rank 0 on a listening socket from ``listen``; blocks (up to ``timeout``) until the peer joins.
 
-        (NCCL connects lazily, at the first transfer, so for NCCL this returns at once.)
+        With a secret the peer must prove it (see the module docstring); until its hello arrives
+        the wait ends early once ``cancelled`` is set. Without one NCCL returns at once (it
+        connects lazily, at the first transfer).
         """
         address, port = sock.getsockname()[:2]
+        deadline = time.monotonic() + timeout
         delta = datetime.timedelta(seconds=timeout)
         try:
             store = TCPStore(
@@ -122,33 +258,86 @@ class PeerGroup:
             )
         finally:
             sock.close()
-        name = group_name(port)
+        namespace = store_namespace(port, secret)
         try:
-            pg = _backend(store, SERVER_RANK, backend, name, address, delta)
-        except RuntimeError as exc:
-            error = f"rendezvous on {address}:{port} failed: {exc}"
+            if secret is not None:
+                _await_hello(PrefixStore(f"{namespace}/", store), secret, deadline, cancelled)
+            pg = _backend(store, SERVER_RANK, backend, group_name(port), namespace, address, delta)
+            group = cls(pg, store, rank=SERVER_RANK, backend=backend, name=group_name(port), device=device)
+        except RuntimeError as exc:  # torch's DistNetworkError and DistStoreError are RuntimeErrors
+            ours = isinstance(exc, TransferError)
+            kind, error = (
+                (type(exc), str(exc)) if ours else (TransferError, f"rendezvous on {address}:{port}: {exc}")
+            )
         else:
-            return cls(pg, store, rank=SERVER_RANK, backend=backend, name=name, device=torch.device(device))
+            store = None  # the group holds it now
+            if secret is not None:
+                group._challenge(secret, deadline)
+            return group
         store = None  # raised without a chained traceback, so nothing keeps the store's port open
-        raise TransferError(error)
+        raise kind(error)
 
     @classmethod
-    def join(cls, host: str, port: int, backend: str, timeout: float, device: str = "cpu") -> PeerGroup:
-        """Rank 1: connect to the server's store at (host, port) and build our side of the group."""
+    def join(
+        cls,
+        host: str,
+        port: int,
+        backend: str,
+        timeout: float,
+        device: str = "cpu",
+        *,
+        secret: str | None = None,
+    ) -> PeerGroup:
+        """Rank 1: connect to the server's store at (host, port) and build our side, within ``timeout``."""
+        return within(
+            timeout,
+            lambda: cls._join(host, port, backend, timeout, device, secret),
+            f"rendezvous with {host}:{port}",
+            lambda: hang_up(host, port),
+        )
+
+    @classmethod
+    def _join(cls, host: str, port: int, backend: str, timeout: float, device: str, secret: str | None):
+        deadline = time.monotonic() + timeout
         delta = datetime.timedelta(seconds=timeout)
-        name = group_name(port)
+        namespace = store_namespace(port, secret)
         try:
             store = TCPStore(host, port, 2, False, delta)
-            pg = _backend(store, CLIENT_RANK, backend, name, local_address_towards(host), delta)
-        except (
-            RuntimeError,
-            OSError,
-        ) as exc:  # torch's DistNetworkError and DistStoreError are RuntimeErrors
+            if secret is not None:
+                PrefixStore(f"{namespace}/", store).set(*hello(secret))
+            address = local_address_towards(host)
+            pg = _backend(store, CLIENT_RANK, backend, group_name(port), namespace, address, delta)
+        except (RuntimeError, OSError) as exc:
             error = f"rendezvous with {host}:{port} failed: {exc}"
         else:
-            return cls(pg, store, rank=CLIENT_RANK, backend=backend, name=name, device=torch.device(device))
+            group = cls(pg, store, rank=CLIENT_RANK, backend=backend, name=group_name(port), device=device)
+            if secret is not None:
+                group._answer(secret, deadline)
+            return group
         store = None  # as in host(): let the store's connection go now
         raise TransferError(error)
+
+    # -- proof of the secret, over the group itself ----------------------------------------
+
+    def _challenge(self, secret: str, deadline: float) -> None:
+        nonce = torch.frombuffer(bytearray(secrets.token_bytes(NONCE_BYTES)), dtype=torch.uint8)
+        proof = torch.empty(hashlib.sha256().digest_size, dtype=torch.uint8, device=self.device)
+        self._run([nonce.to(self.device)], "send", deadline - time.monotonic())
+        self._run([proof], "recv", deadline - time.monotonic())
+        expected = _mac(secret, b"proof", nonce.numpy().tobytes())
+        if not hmac.compare_digest(proof.cpu().numpy().tobytes(), expected):
+            self.close()
+            raise PeerRejected(f"the peer of {self.name} failed to prove the group's secret")
+
+    def _answer(self, secret: str, deadline: float) -> None:
+        nonce = torch.empty(NONCE_BYTES, dtype=torch.uint8, device=self.device)
+        self._run([nonce], "recv", deadline - time.monotonic())
+        proof = _mac(secret, b"proof", nonce.cpu().numpy().tobytes())
+        self._run(
+            [torch.frombuffer(bytearray(proof), dtype=torch.uint8).to(self.device)],
+            "send",
+            deadline - time.monotonic(),
+        )
 
     @property
     def peer(self) -> int:
@@ -198,12 +387,17 @@ class PeerGroup:
 
     def _run(self, buffers: list[torch.Tensor], op: str, timeout: float) -> None:
         """Post every send or recv (the pair keeps their order), then wait for all within ``timeout`` seconds."""
+        with self._busy:
+            self._post_and_wait(buffers, op, timeout)
+
+    def _post_and_wait(self, buffers: list[torch.Tensor], op: str, timeout: float) -> None:
         pg = self._pg  # close() from another thread may clear it
         if self.closed or pg is None:
             raise TransferError(f"group {self.name} is closed")
         deadline = time.monotonic() + timeout
         try:
             works = [getattr(pg, op)([buffer], self.peer, 0) for buffer in buffers]
+            del pg  # a traceback of this frame must not keep a closed group (and its port) alive
             for work in works:
                 self._wait(work, deadline)
         except TransferError:
@@ -226,6 +420,12 @@ class PeerGroup:
                 raise TransferError(f"transfer on {self.name} timed out")
             time.sleep(0.0005)
         work.wait()  # orders the caller's CUDA stream after the transfer
+
+    def drained(self) -> None:
+        """Block until no transfer is in flight. Gloo's abort does not interrupt one: it ends at its
+        deadline, and only then does the group (and its store's port) go."""
+        with self._busy:
+            pass
 
     def close(self) -> None:
         """Abort without waiting for the peer (it may be gone); sockets close once the last reference drops."""

@@ -61,10 +61,13 @@ class ServerOptions:
     session_ttl: float = 3600.0
     exit_on_disconnect: bool = False
     auth_token: str | None = None
-    nccl_port: int | None = None
-    nccl_port_range: PortRange | None = None  # where /init_nccl without a port allocates one
+    nccl_port: int | None = None  # tried first for a client that names no port; inside the range
+    nccl_port_range: PortRange | None = None  # the rendezvous ports; a port a client names must lie in it
     p2p: bool = True
-    p2p_timeout: float = 120.0  # rendezvous, and each point-to-point transfer
+    p2p_timeout: float = 120.0  # each point-to-point transfer
+    p2p_rendezvous_timeout: float = 30.0  # an /init_nccl nobody completes frees its port after this
+    p2p_idle_timeout: float = 45.0  # a heartbeating session silent this long loses its group
+    allow_unauthenticated_p2p: bool = False  # NeMo's mode, when an auth token is set
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
     max_sessions: int = DEFAULT_MAX_SESSIONS
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
@@ -90,8 +93,10 @@ class TargetServer:
             self.options.nccl_port_range,
             enabled=self.options.p2p,
             preferred_port=self.options.nccl_port,
-            rendezvous_timeout=self.options.p2p_timeout,
+            require_auth=bool(self.options.auth_token) and not self.options.allow_unauthenticated_p2p,
+            rendezvous_timeout=self.options.p2p_rendezvous_timeout,
             transfer_timeout=self.options.p2p_timeout,
+            idle_timeout=self.options.p2p_idle_timeout,
             registry=self.metrics.registry,
         )
         self.sessions.on_end(self.dataplane.end_session)
@@ -119,6 +124,7 @@ class TargetServer:
                 web.post("/" + spec.LM_HEAD, self.lm_head, name=spec.LM_HEAD),
             ]
         )
+        app.on_shutdown.append(self._close_dataplane)  # before in-flight handlers are waited for
         app.cleanup_ctx.append(self._background)
         return app
 
@@ -134,15 +140,22 @@ class TargetServer:
             **kwargs,
         )
 
+    async def _close_dataplane(self, _app: web.Application) -> None:
+        await self.dataplane.close()
+
     async def _background(self, _app: web.Application):
-        tasks = [asyncio.create_task(self._load()), asyncio.create_task(self._expire_sessions())]
+        tasks = [
+            asyncio.create_task(self._load()),
+            asyncio.create_task(self._expire_sessions()),
+            asyncio.create_task(self.dataplane.watch()),
+        ]
         yield
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.sessions.end_all()
         self.metrics.sessions.set(0)
-        self.dataplane.shutdown()
+        await self.dataplane.close()
         if self.runner is not None:
             await self._on_model_thread(self.runner.close)
         self._model_thread.shutdown(wait=False)

@@ -67,13 +67,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
     p.add_argument(
-        "--nccl-port", type=int, help="rendezvous port used when a client names none (default --port+100)"
+        "--nccl-port",
+        type=int,
+        help="rendezvous port tried first for a client that names none; must lie in --nccl-port-range "
+        "(default: the range's first port)",
     )
     p.add_argument(
         "--nccl-port-range",
         type=_port_range,
-        help="ports for point-to-point groups of clients that name none, e.g. 8101-8164; give pods "
-        "sharing a node (hostNetwork) disjoint ranges (default: --port+100 to --port+163)",
+        help="the only ports point-to-point groups may use, e.g. 8101-8164; a port a client names "
+        "outside it gets 400; give pods sharing a node (hostNetwork) disjoint ranges "
+        "(default: --port+100 to --port+163)",
     )
     p.add_argument(
         "--disable-p2p",
@@ -84,7 +88,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--p2p-timeout",
         type=float,
         default=120.0,
-        help="seconds for a point-to-point rendezvous and for each transfer (default 120)",
+        help="seconds for each point-to-point transfer (default 120)",
+    )
+    p.add_argument(
+        "--p2p-rendezvous-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client has to join its group after /init_nccl before the port is freed (default 30)",
+    )
+    p.add_argument(
+        "--p2p-idle-timeout",
+        type=float,
+        default=45.0,
+        help="a heartbeating client silent this many seconds loses its group (default 45: three of "
+        "the client's 15 s heartbeats)",
+    )
+    p.add_argument(
+        "--allow-unauthenticated-p2p",
+        action="store_true",
+        help="with --auth-token-file, still accept NeMo's unauthenticated /init_nccl (anyone who "
+        "reaches the rendezvous port first may then receive that client's tensors)",
     )
     p.add_argument(
         "--aux-layer-ids", type=_aux_ids, help="three layer ids, e.g. '1,15,28' (default [1, L//2-1, L-4])"
@@ -214,6 +237,15 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _nccl_ports(args: argparse.Namespace) -> tuple[PortRange, int]:
+    """The rendezvous port range and the port tried first, which must lie in it."""
+    ports = args.nccl_port_range or PortRange(args.port + 100, args.port + 163)
+    nccl_port = ports.start if args.nccl_port is None else args.nccl_port
+    if nccl_port not in ports:
+        raise preflight.UsageError(f"--nccl-port {nccl_port} is outside --nccl-port-range {ports}")
+    return ports, nccl_port
+
+
 def run(args: argparse.Namespace) -> int:
     socks = []
     try:
@@ -230,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check(args)
         token = _read_token(args.auth_token_file)
+        ports, nccl_port = _nccl_ports(args)
     except preflight.UsageError as exc:
         for sock in socks:
             sock.close()
@@ -249,10 +282,13 @@ def run(args: argparse.Namespace) -> int:
         session_ttl=args.session_ttl,
         exit_on_disconnect=args.exit_on_disconnect,
         auth_token=token,
-        nccl_port=args.nccl_port if args.nccl_port is not None else args.port + 100,
-        nccl_port_range=args.nccl_port_range or PortRange(args.port + 100, args.port + 163),
+        nccl_port=nccl_port,
+        nccl_port_range=ports,
         p2p=not args.disable_p2p,
         p2p_timeout=args.p2p_timeout,
+        p2p_rendezvous_timeout=args.p2p_rendezvous_timeout,
+        p2p_idle_timeout=args.p2p_idle_timeout,
+        allow_unauthenticated_p2p=args.allow_unauthenticated_p2p,
     )
     log.info(
         "engine %s, model %s, device %s, dtype %s",

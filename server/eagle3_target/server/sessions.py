@@ -3,14 +3,14 @@
 A session is named by the X-Eagle3-Session header, or by the peer address for
 a stock NeMo client that sends none. It holds that client's vocab mapping and
 ends on /disconnect or after ``ttl`` seconds without a request or heartbeat.
-Whoever owns per-session resources (the data plane) subscribes to endings.
+Whoever keeps per-session state (the data plane) subscribes to endings.
 
 A NeMo client never heartbeats and cannot re-send its mapping, so an idle
 pause longer than the ttl (a long evaluation, say) must not cost it the
 mapping: when a peer-named session ends, by expiry or /disconnect, its mapping
 is kept for that peer's next request. Several NeMo trainers on one node share
-one peer address, so one's /disconnect must not strand the others. Its other
-resources are released as usual. Kept mappings are bounded (oldest dropped),
+one peer address, so one's /disconnect must not strand the others. Its point-to-point
+group is released as usual. Kept mappings are bounded (oldest dropped),
 and so is the number of live sessions.
 """
 
@@ -19,8 +19,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from eagle3_target.protocol.supervision import VocabMapping
 
@@ -42,7 +41,6 @@ class Session:
     id: str
     last_seen: float
     vocab: VocabMapping | None = None
-    resources: dict[str, Any] = field(default_factory=dict)  # per-session state owned by other modules
 
 
 class SessionTable:
