@@ -128,6 +128,8 @@ def hang_up(host: str, port: int) -> None:
     TCPStore's client can wait forever on a peer that accepted and went silent; its socket
     is not ours to close, but shutting it down makes the blocked call fail.
     """
+    if not os.path.isdir("/proc/self/fd"):
+        return  # not Linux: the call stays blocked until torch gives up on its own
     peer = (_ip(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]), port)
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -388,24 +390,29 @@ class PeerGroup:
     def _run(self, buffers: list[torch.Tensor], op: str, timeout: float) -> None:
         """Post every send or recv (the pair keeps their order), then wait for all within ``timeout`` seconds."""
         with self._busy:
-            self._post_and_wait(buffers, op, timeout)
+            error = self._post_and_wait(buffers, op, timeout)
+        # Raised only here, once the frames that held the process group are gone: a traceback
+        # through them would keep a closed group (and its store's port) alive.
+        if error is not None:
+            raise TransferError(error)
 
-    def _post_and_wait(self, buffers: list[torch.Tensor], op: str, timeout: float) -> None:
+    def _post_and_wait(self, buffers: list[torch.Tensor], op: str, timeout: float) -> str | None:
+        """None, or why the transfer failed (the group is then closed)."""
         pg = self._pg  # close() from another thread may clear it
         if self.closed or pg is None:
-            raise TransferError(f"group {self.name} is closed")
+            return f"group {self.name} is closed"
         deadline = time.monotonic() + timeout
         try:
-            works = [getattr(pg, op)([buffer], self.peer, 0) for buffer in buffers]
-            del pg  # a traceback of this frame must not keep a closed group (and its port) alive
-            for work in works:
+            for work in [getattr(pg, op)([buffer], self.peer, 0) for buffer in buffers]:
                 self._wait(work, deadline)
-        except TransferError:
-            self.close()
-            raise
+        except TransferError as exc:
+            error = str(exc)
         except RuntimeError as exc:
-            self.close()
-            raise TransferError(f"transfer on {self.name} failed: {exc}") from exc
+            error = f"transfer on {self.name} failed: {exc}"
+        else:
+            return None
+        self.close()
+        return error
 
     def _wait(self, work, deadline: float) -> None:
         left = deadline - time.monotonic()
