@@ -61,6 +61,12 @@ async def serve(loader, options: ServerOptions | None = None, host: str = "127.0
             await runner.cleanup()
 
 
+def served(server: TargetServer, endpoint: str, code: str) -> float:
+    """How many requests an in-process server answered on ``endpoint`` with ``code``, from its registry."""
+    labels = {"endpoint": endpoint, "code": code}
+    return server.metrics.registry.get_sample_value("eagle3_target_requests_total", labels) or 0.0
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from target_support import free_port
+from target_support import free_port, served
 
 from eagle3_target.client import (
     BatchFailedError,
@@ -44,8 +44,8 @@ def test_batches_match_the_reference_and_embeddings_are_cached(farm):
         assert not embeddings.weight.requires_grad
         assert backend.get_input_embeddings() is embeddings
         # Both servers took part (least-loaded with fair tie-breaking).
-        served = [farm.server(u).metrics.requests.labels("generate", "200")._value.get() for u in urls]
-        assert all(n > 0 for n in served), served
+        answered = [served(farm.server(u), "generate", "200") for u in urls]
+        assert all(n > 0 for n in answered), answered
 
 
 def test_prefetch_returns_results_in_submission_order(farm):
@@ -79,8 +79,8 @@ def test_close_ends_only_our_session(farm):
     with RemoteTargetBackend(url, options=FAST) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         backend.generate_batch(*make_batch(1))
-        assert {backend.session_id, other.session_id} <= set(farm.server(url).sessions._sessions)
-    sessions = set(farm.server(url).sessions._sessions)
+        sessions = farm.server(url).sessions
+        assert backend.session_id in sessions and other.session_id in sessions
     assert backend.session_id not in sessions and other.session_id in sessions
     other.generate_batch(*make_batch(2))  # the server still serves the other trainer
     other.close()
@@ -94,8 +94,8 @@ def test_heartbeats_keep_our_session_alive(farm):
     with RemoteTargetBackend(url, options=options) as backend:
         server = farm.server(url)
         # Ten heartbeats take over a second, longer than the TTL: only heartbeats keep the session.
-        wait_until(lambda: server.metrics.requests.labels("heartbeat", "200")._value.get() >= 10)
-        assert server.sessions.expire() == [] and backend.session_id in server.sessions._sessions
+        wait_until(lambda: served(server, "heartbeat", "200") >= 10)
+        assert server.sessions.expire() == [] and backend.session_id in server.sessions
 
 
 def test_restarted_server_gets_the_vocab_mapping_again(farm):
@@ -120,7 +120,7 @@ def test_client_errors_are_raised_at_once_not_retried(farm):
         with pytest.raises(ServerError) as error:
             backend.generate_batch(ids + 10_000, mask, loss)
         assert error.value.status == 422 and error.value.error == "token_out_of_range"
-        assert farm.server(url).metrics.requests.labels("generate", "422")._value.get() == 1
+        assert served(farm.server(url), "generate", "422") == 1
         assert backend.healthy_servers == 1  # a bad batch does not make the server look sick
 
 

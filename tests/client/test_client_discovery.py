@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from target_support import free_port
+from target_support import free_port, served
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -27,7 +27,7 @@ OPTIONS = PoolOptions(
 
 
 def generate_count(farm, url: str, code: str) -> float:
-    return farm.server(url).metrics.requests.labels("generate", code)._value.get()
+    return served(farm.server(url), "generate", code)
 
 
 def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
@@ -51,8 +51,8 @@ def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
             assert generate_count(farm, url, "200") > 0
             assert generate_count(farm, url, "409") == 0
         for url in urls[1:]:  # drained: our session there was ended, the server itself keeps running
-            wait_until(lambda url=url: backend.session_id not in farm.server(url).sessions._sessions)
-        assert backend.session_id in farm.server(urls[0]).sessions._sessions
+            wait_until(lambda url=url: backend.session_id not in farm.server(url).sessions)
+        assert backend.session_id in farm.server(urls[0]).sessions
         assert backend.pool.describe_members() == f"{urls[0]} healthy"
 
 

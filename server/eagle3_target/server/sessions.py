@@ -57,6 +57,9 @@ class SessionTable:
         self._kept_vocab: OrderedDict[str, VocabMapping] = OrderedDict()  # ended peer-named sessions
         self._on_end: list[Callable[[Session], None]] = []
 
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
     def __len__(self) -> int:
         return len(self._sessions)
 
