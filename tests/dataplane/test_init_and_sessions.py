@@ -23,7 +23,9 @@ V = 512
 
 
 def options(**kw) -> ServerOptions:
-    return ServerOptions(nccl_port_range=PortRange(*port_range()), p2p_timeout=3.0, **kw)
+    return ServerOptions(
+        nccl_port_range=PortRange(*port_range()), p2p_timeout=3.0, p2p_rendezvous_timeout=3.0, **kw
+    )
 
 
 async def init(srv, session: str, body: dict | bytes, host_header=None) -> dict:
