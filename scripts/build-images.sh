@@ -9,6 +9,7 @@
 #         operator -> $REGISTRY/eagle3-target-operator  (operator/Dockerfile, no torch)
 #         sglang   -> $REGISTRY/eagle3-target-sglang    (server/Dockerfile.sglang, CUDA only)
 #         vllm     -> $REGISTRY/eagle3-target-vllm      (server/Dockerfile.vllm, CUDA only)
+#         trainer  -> $REGISTRY/eagle3-target-trainer   (client/Dockerfile.trainer, NeMo AutoModel, CUDA only)
 # Environment:
 #   CONTAINER_TOOL  a command that takes docker's `build` (and `push`) arguments: docker, podman, or
 #                   "bash ../shared/tools/container-base.sh" (podman with the host's pip settings);
@@ -44,15 +45,17 @@ esac
 declare -A dockerfile=(
   [server]=server/Dockerfile [operator]=operator/Dockerfile
   [sglang]=server/Dockerfile.sglang [vllm]=server/Dockerfile.vllm
+  [trainer]=client/Dockerfile.trainer
 )
 declare -A name=(
   [server]=eagle3-target [operator]=eagle3-target-operator
   [sglang]=eagle3-target-sglang [vllm]=eagle3-target-vllm
+  [trainer]=eagle3-target-trainer
 )
 images=("$@")
 ((${#images[@]})) || images=(server operator)
 for image in "${images[@]}"; do  # check every name before the first slow build
-  [[ -n ${dockerfile[$image]:-} ]] || die "unknown image '$image': expected server, operator, sglang or vllm"
+  [[ -n ${dockerfile[$image]:-} ]] || die "unknown image '$image': expected server, operator, sglang, vllm or trainer"
   [[ -f ${dockerfile[$image]} ]] || die "$image: ${dockerfile[$image]} does not exist"
 done
 

@@ -13,6 +13,7 @@ REGISTRY = "ghcr.io/eagle3-target"
 SERVER = f"{REGISTRY}/eagle3-target"
 OPERATOR = f"{REGISTRY}/eagle3-target-operator"
 SGLANG = f"{REGISTRY}/eagle3-target-sglang"
+TRAINER = f"{REGISTRY}/eagle3-target-trainer"
 BUILD_SCRIPT = REPO / "scripts" / "build-images.sh"
 
 

@@ -11,9 +11,14 @@ from images.support import dockerfiles
 from tools import REPO
 
 
-def test_the_repository_has_the_server_operator_and_sglang_dockerfiles():
+def test_the_repository_has_the_server_operator_sglang_and_trainer_dockerfiles():
     names = {str(p.relative_to(REPO)) for p in dockerfiles()}
-    assert {"server/Dockerfile", "operator/Dockerfile", "server/Dockerfile.sglang"} <= names
+    assert {
+        "server/Dockerfile",
+        "operator/Dockerfile",
+        "server/Dockerfile.sglang",
+        "client/Dockerfile.trainer",
+    } <= names
 
 
 @pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: str(p.relative_to(REPO)))

@@ -33,7 +33,7 @@ def test_runs_on_version_tags_only(workflow):
 def test_builds_and_pushes_every_image_with_the_build_script(workflow):
     job = workflow["jobs"]["images"]
     assert job["needs"] == "version"
-    assert job["strategy"]["matrix"]["image"] == ["server", "sglang", "operator"]
+    assert job["strategy"]["matrix"]["image"] == ["server", "sglang", "trainer", "operator"]
     build = next(s for s in job["steps"] if "build-images.sh" in s.get("run", ""))
     assert build["env"]["PUSH"] == "1" and build["env"]["IMAGE"] == "${{ matrix.image }}"
     assert 'REGISTRY="ghcr.io/${GITHUB_REPOSITORY_OWNER,,}"' in build["run"]

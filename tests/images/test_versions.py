@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 from chart.render import CHART, one, template
-from images.support import BUILD_SCRIPT, OPERATOR, SERVER, SGLANG, VERSION
+from images.support import BUILD_SCRIPT, OPERATOR, SERVER, SGLANG, TRAINER, VERSION
 from tools import REPO, install_tools
 
 from eagle3_target.operator.config import package_default_image
@@ -52,7 +52,13 @@ def test_manifests_name_this_version():
     )
     assert images, "the manifests name no image"
     assert {ref.rpartition(":")[2] for ref in images} == {VERSION}, images
-    assert {ref.rpartition(":")[0] for ref in images} <= {SERVER, OPERATOR, SGLANG}, images
+    assert {ref.rpartition(":")[0] for ref in images} <= {SERVER, OPERATOR, SGLANG, TRAINER}, images
+
+
+def test_the_trainer_job_runs_the_trainer_image_of_this_version():
+    job = (REPO / "manifests" / "example-trainer-job.yaml").read_text()
+    pod = next(d for d in yaml.safe_load_all(job) if d["kind"] == "Job")["spec"]["template"]["spec"]
+    assert {c["image"] for c in pod["initContainers"] + pod["containers"]} == {f"{TRAINER}:{VERSION}"}
 
 
 @pytest.fixture
@@ -74,18 +80,20 @@ def build_images(fake_tool, *args: str, **env: str) -> subprocess.CompletedProce
 
 
 def test_build_script_names_the_images_as_the_chart_does(fake_tool):
-    result = build_images(fake_tool, "server", "operator", "sglang")
+    result = build_images(fake_tool, "server", "operator", "sglang", "trainer")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"built {ref}:{VERSION}" for ref in (SERVER, OPERATOR, SGLANG)]
+    refs = (SERVER, OPERATOR, SGLANG, TRAINER)
+    assert result.stdout.splitlines() == [f"built {ref}:{VERSION}" for ref in refs]
     calls = fake_tool[1].read_text().splitlines()
     assert [c.split()[:3] for c in calls] == [
         ["build", "-f", "server/Dockerfile"],
         ["build", "-f", "operator/Dockerfile"],
         ["build", "-f", "server/Dockerfile.sglang"],
+        ["build", "-f", "client/Dockerfile.trainer"],
     ]
     # the server image gets the CPU torch unless told otherwise; no other image takes the argument
     assert "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in calls[0]
-    assert "TORCH_INDEX_URL" not in calls[1] + calls[2]
+    assert "TORCH_INDEX_URL" not in "".join(calls[1:])
 
 
 def test_build_script_pushes_what_it_built(fake_tool):
@@ -98,7 +106,7 @@ def test_build_script_pushes_what_it_built(fake_tool):
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["nope"], {}, "unknown image 'nope': expected server, operator, sglang or vllm"),
+        (["nope"], {}, "unknown image 'nope': expected server, operator, sglang, vllm or trainer"),
         (["server"], {"TORCH_VARIANT": "cuda"}, "TORCH_VARIANT=cuda: expected cpu, cuNNN, rocmN.N or pip"),
     ],
 )
