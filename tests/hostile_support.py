@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from target_support import free_port
 
 from eagle3_target.protocol import spec, wire
 
@@ -237,12 +238,6 @@ logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
 server = TargetServer(lambda: SyntheticRunner(**shape), ServerOptions(**options))
 sys.exit(run_server(server, listen("127.0.0.1", port)))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from target_support import free_port
 
 WORKER = Path(__file__).with_name("p2p_worker.py")
 P2P_TIMEOUT = 10  # server-side rendezvous and transfer deadline
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def port_range(size: int = 8) -> tuple[int, int]:

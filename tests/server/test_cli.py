@@ -12,17 +12,11 @@ import urllib.request
 
 import pytest
 import torch
-from target_support import generate_body, vocab_body
+from target_support import free_port, generate_body, vocab_body
 from transformers import LlamaConfig
 
 from eagle3_target.protocol import wire
 from eagle3_target.server.runners.tiny import TINY_LLAMA
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
