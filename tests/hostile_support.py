@@ -194,9 +194,11 @@ class Reply:
     body: bytes
 
 
-async def raw_request(host: str, port: int, case: Case, timeout: float = 60.0) -> Reply:
-    """One request on a fresh connection (Connection: close), the whole reply read to EOF."""
-    reader, writer = await asyncio.open_connection(host, port)
+async def raw_request(
+    host: str, port: int, case: Case, timeout: float = 60.0, source: str | None = None
+) -> Reply:
+    """One request on a fresh connection (Connection: close) from ``source`` if given, read to EOF."""
+    reader, writer = await asyncio.open_connection(host, port, local_addr=source and (source, 0))
     try:
         head = f"{case.method} {case.path} HTTP/1.1\r\n".encode()
         for key, value in [

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -15,7 +16,7 @@ import torch
 from target_support import free_port, generate_body, vocab_body
 from transformers import LlamaConfig
 
-from eagle3_target.protocol import wire
+from eagle3_target.protocol import spec, wire
 from eagle3_target.server.runners.tiny import TINY_LLAMA
 
 
@@ -281,5 +282,51 @@ def test_sigterm_while_the_model_loads_exits_at_once():
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         assert b"ready:" not in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def init_nccl(url: str, session: str, body: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"{url}/init_nccl", json.dumps(body).encode(), {spec.SESSION_HEADER: session}
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=60) as resp:
+            return resp.status, resp.read()
+    except OSError:  # cut off by the exiting server
+        return 0, b""
+
+
+def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
+    """Nobody joins either group: a pending rendezvous is abandoned, never waited for.
+
+    The exit comes long before --drain-timeout (nothing else is in flight), let alone the
+    rendezvous and transfer timeouts.
+    """
+    port = free_port()
+    proc = start(
+        "--port", str(port), "--engine", "synthetic", "--drain-timeout", "30",
+        "--p2p-timeout", "120", "--p2p-rendezvous-timeout", "120",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        status, body = init_nccl(url, "ours", {"backend": "gloo", "auth": spec.P2P_AUTH})
+        assert status == 200 and json.loads(body)["status"] == "ok", body
+        # NeMo's order: its /init_nccl stays open until a rendezvous that never comes.
+        named = {"backend": "gloo", "nccl_port": port + 101}  # in the default range, after ours
+        nemo = threading.Thread(target=init_nccl, args=(url, "nemo", named), daemon=True)
+        nemo.start()
+        deadline = time.monotonic() + 60
+        while b"eagle3_target_p2p_ports_held 2.0" not in http("GET", f"{url}/metrics")[1]:
+            assert time.monotonic() < deadline, "the second rendezvous never became pending"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 15 s after SIGTERM: a pending rendezvous was waited for")
+        assert code == 0, proc.stderr.read().decode()[-2000:]
     finally:
         proc.kill()

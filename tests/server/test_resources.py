@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import json
 import resource
 import socket
 import struct
@@ -10,7 +11,7 @@ import time
 import aiohttp
 import pytest
 import torch
-from hostile_support import Case, ServerProcess, raw_request
+from hostile_support import Case, Reply, ServerProcess, raw_request
 from prometheus_client.parser import text_string_to_metric_families
 from target_support import generate_body, vocab_body
 
@@ -214,3 +215,71 @@ async def test_probes_answer_within_a_second_while_a_60_mib_body_of_tiny_entries
             await asyncio.sleep(0.05)
         assert (await big).status == 400
         assert worst < 1, f"a probe took {worst:.2f}s while the big body was handled"
+
+
+async def test_vocab_mappings_are_compact_copies_that_never_pin_the_request_body():
+    """An 8 MiB extra entry rides along with each of 100 mappings: none of it may stay behind."""
+    ids = torch.arange(V)
+    padded = wire.encode(
+        {
+            "selected_token_ids": ids,
+            "selected_token_mask": torch.ones(V, dtype=torch.bool),
+            "padding": torch.zeros(8 << 20, dtype=torch.uint8),
+        }
+    )
+    with ServerProcess(dict(vocab_size=V)) as srv:
+        await set_mapping(srv, V)
+        baseline = srv.rss_mb()
+        for i in range(100):
+            session = [(spec.SESSION_HEADER.encode(), f"s{i}".encode())]
+            reply = await raw_request(
+                "127.0.0.1", srv.port, Case("POST", "/set_vocab_mapping", session, padded)
+            )
+            assert reply.status == 200, reply
+        rss = await settle(srv, baseline + 150)
+        assert rss < baseline + 150, (
+            f"RSS {rss:.0f} MB after 100 padded mappings (800 MiB of bodies), baseline {baseline:.0f} MB"
+        )
+
+
+def peer_address(i: int) -> str:
+    """127.0.0.2, 127.0.0.3, ... 127.0.2.x: distinct loopback sources, one per NeMo trainer node."""
+    n = i + 2
+    return f"127.0.{n >> 8}.{n & 0xFF}"
+
+
+async def test_kept_mappings_of_header_less_peers_are_bounded_oldest_first():
+    """Past 256 ended NeMo peers the oldest one's kept mapping goes; the newest still works."""
+    big_v = 65536  # a 576 KiB mapping each: 600 kept would be 345 MB, the 256 cap keeps 147 MB
+    peers = [peer_address(i) for i in range(600)]
+    mapping = vocab_body(torch.arange(big_v), torch.ones(big_v, dtype=torch.bool))
+    batch = generate_body(torch.zeros(1, 4, dtype=torch.long))
+
+    async def call(peer: str, path: str, body: bytes = b"") -> Reply:
+        return await raw_request("127.0.0.1", srv.port, Case("POST", path, [], body), source=peer)
+
+    with ServerProcess(dict(vocab_size=big_v)) as srv:
+        baseline = srv.rss_mb()
+        for peer in peers:
+            assert (await call(peer, "/set_vocab_mapping", mapping)).status == 200
+            assert (await call(peer, "/disconnect")).status == 200
+        assert await gauge(srv, "eagle3_target_sessions_active") == 0
+        # the kept mappings are those of the last 256 peers, and nothing else grew with the count
+        rss = await settle(srv, baseline + 250)
+        assert rss < baseline + 250, (
+            f"RSS {rss:.0f} MB after 600 NeMo peers came and went, baseline {baseline:.0f}"
+        )
+        oldest = await call(peers[0], "/generate", batch)
+        assert (oldest.status, json.loads(oldest.body)["error"]) == (409, "no_vocab_mapping")
+        assert (await call(peers[-1], "/generate", batch)).status == 200
+        # the newest peers' mappings survive the oldest one's return
+        assert (await call(peers[-256], "/generate", batch)).status == 200
+
+
+async def gauge(srv: ServerProcess, name: str) -> float:
+    reply = await raw_request("127.0.0.1", srv.port, Case("GET", "/metrics", [], b""))
+    for family in text_string_to_metric_families(reply.body.decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"no {name} in /metrics")
