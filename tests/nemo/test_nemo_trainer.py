@@ -285,7 +285,9 @@ def test_train_draft_trains_bit_identically_and_writes_a_checkpoint(
     path = recipe_yaml(tmp_path, target, recipe_args__target_prefetch_depth=2)
     checkpoints = tmp_path / "elsewhere"
     monkeypatch.setenv("EAGLE3_TARGET_SERVICE", ",".join(s.url for s in fleet))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # The co-located reference trained in this process: the subprocess must use as many intra-op
+    # threads, or its reductions run in another order and the weights differ in the last bits.
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
     done = subprocess.run(
         [sys.executable, "-m", "eagle3_target.cli", "train-draft", "--config", str(path)]
         + [f"--checkpoint.checkpoint_dir={checkpoints}"],
