@@ -96,3 +96,13 @@ class TargetRunner(Protocol):
     def close(self) -> None:
         """Release the model and its device memory."""
         ...
+
+
+class FinalHiddenRunner:
+    """A runner that also captures the final normed hidden state: ``forward`` drops it."""
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
+        return logits, aux

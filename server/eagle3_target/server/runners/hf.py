@@ -10,7 +10,7 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 
-from .base import EMBEDDED_MODEL, RunnerInfo, resolve_dtype
+from .base import EMBEDDED_MODEL, FinalHiddenRunner, RunnerInfo, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def plain_lm_head(model: nn.Module) -> bool:
     )
 
 
-class HFRunner:
+class HFRunner(FinalHiddenRunner):
     def __init__(self, model: nn.Module, *, name: str, aux_layer_ids: list[int] | None = None):
         self.model = model.eval().requires_grad_(False)
         config = model.config
@@ -107,12 +107,6 @@ class HFRunner:
             name = model
         log.info("loaded %s (%s) on %s", name, torch_dtype, device)
         return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
-        return logits, aux
 
     @torch.inference_mode()
     def forward_hidden(

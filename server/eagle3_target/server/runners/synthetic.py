@@ -13,10 +13,10 @@ import torch
 
 from eagle3_target.protocol.encodings import ENCODINGS
 
-from .base import RunnerInfo, resolve_dtype
+from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
 
 
-class SyntheticRunner:
+class SyntheticRunner(FinalHiddenRunner):
     def __init__(
         self,
         *,
@@ -77,12 +77,6 @@ class SyntheticRunner:
         """lm_head[v, j] = ((5v + j) % 11 - 5) / 16, built on demand: no [V, H] weight is kept."""
         columns = torch.arange(self.info.hidden_size, device=ids.device)
         return (((ids[:, None] * 5 + columns) % 11 - 5) / 16).to(self.info.dtype)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
-        return logits, aux
 
     @torch.inference_mode()
     def forward_hidden(

@@ -24,7 +24,7 @@ from torch import nn
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 
 from ..requests import RequestError
-from .base import RunnerInfo, resolve_dtype
+from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
 from .hf import decoder_layers
 from .rows import row_lengths, stack_rows
 
@@ -180,7 +180,7 @@ def row_positions(lengths: list[int]) -> torch.Tensor:
     return torch.cat([torch.arange(n) for n in lengths])
 
 
-class VLLMRunner:
+class VLLMRunner(FinalHiddenRunner):
     def __init__(
         self,
         llm,
@@ -293,12 +293,6 @@ class VLLMRunner:
                 raise RequestError(
                     413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}"
                 )
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
-        return logits, aux
 
     @torch.inference_mode()
     def forward_hidden(
