@@ -306,9 +306,17 @@ def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
     """
     port = free_port()
     proc = start(
-        "--port", str(port), "--engine", "synthetic", "--drain-timeout", "30",
-        "--p2p-timeout", "120", "--p2p-rendezvous-timeout", "120",
-    )  # fmt: skip
+        "--port",
+        str(port),
+        "--engine",
+        "synthetic",
+        "--drain-timeout",
+        "30",
+        "--p2p-timeout",
+        "120",
+        "--p2p-rendezvous-timeout",
+        "120",
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)

@@ -464,9 +464,8 @@ class TargetServer:
             request.protocol.force_close()
             return response
         timings["send"] = time.perf_counter() - start
-        self._record_generate(
-            timings, inputs, "nccl", sent
-        )  # "nccl" names the point-to-point path, gloo included
+        # "nccl" names the point-to-point path, gloo included.
+        self._record_generate(timings, inputs, "nccl", sent)
         return response
 
     def _record_generate(
