@@ -5,11 +5,11 @@
 #   scripts/build-images.sh server operator sglang
 #   TORCH_VARIANT=cu128 PUSH=1 scripts/build-images.sh server
 #
-# Images: server   -> $REGISTRY/eagle3-target           (server/Dockerfile, hf engine)
-#         operator -> $REGISTRY/eagle3-target-operator  (operator/Dockerfile, no torch)
-#         sglang   -> $REGISTRY/eagle3-target-sglang    (server/Dockerfile.sglang, CUDA only)
-#         vllm     -> $REGISTRY/eagle3-target-vllm      (server/Dockerfile.vllm, CUDA only)
-#         trainer  -> $REGISTRY/eagle3-target-trainer   (client/Dockerfile.trainer, NeMo AutoModel, CUDA only)
+# Images: server   -> $REGISTRY/eagle3-target           (docker/server.Dockerfile, hf engine)
+#         operator -> $REGISTRY/eagle3-target-operator  (docker/operator.Dockerfile, no torch)
+#         sglang   -> $REGISTRY/eagle3-target-sglang    (docker/server-sglang.Dockerfile, CUDA only)
+#         vllm     -> $REGISTRY/eagle3-target-vllm      (docker/server-vllm.Dockerfile, CUDA only)
+#         trainer  -> $REGISTRY/eagle3-target-trainer   (docker/trainer.Dockerfile, NeMo AutoModel, CUDA only)
 # Environment:
 #   CONTAINER_TOOL  a command that takes docker's `build` (and `push`) arguments: docker, podman, or
 #                   "bash ../shared/tools/container-base.sh" (podman with the host's pip settings);
@@ -43,9 +43,9 @@ case ${TORCH_VARIANT:-cpu} in
 esac
 
 declare -A dockerfile=(
-  [server]=server/Dockerfile [operator]=operator/Dockerfile
-  [sglang]=server/Dockerfile.sglang [vllm]=server/Dockerfile.vllm
-  [trainer]=client/Dockerfile.trainer
+  [server]=docker/server.Dockerfile [operator]=docker/operator.Dockerfile
+  [sglang]=docker/server-sglang.Dockerfile [vllm]=docker/server-vllm.Dockerfile
+  [trainer]=docker/trainer.Dockerfile
 )
 declare -A name=(
   [server]=eagle3-target [operator]=eagle3-target-operator

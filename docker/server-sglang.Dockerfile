@@ -1,6 +1,6 @@
 # The target server image for the sglang engine (`eagle3-target serve --engine sglang`), CUDA only.
 # SGLang 0.5.9 pins its own torch (2.9.1, PyPI's CUDA 12.8 build) and transformers (4.57.1), so this image is
-# separate from server/Dockerfile. Build it with `scripts/build-images.sh sglang` (docker or podman).
+# separate from docker/server.Dockerfile. Build it with `scripts/build-images.sh sglang` (docker or podman).
 # One stage on the CUDA devel image: SGLang's kernels (Triton, FlashInfer) compile on first use at run time,
 # which needs nvcc, a C compiler and Python's headers in the final image anyway.
 FROM nvidia/cuda:12.8.1-devel-ubuntu24.04
@@ -14,10 +14,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY protocol protocol
-COPY server server
-COPY client client
-COPY operator operator
+COPY src src
 # the sglang extra brings SGLang's own torch and transformers pins; sources go once installed
 RUN pip install "./[server,client,sglang]" && rm -rf /src
 

@@ -15,10 +15,7 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; 
     && pip install "torch==${TORCH_VERSION}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY protocol protocol
-COPY server server
-COPY client client
-COPY operator operator
+COPY src src
 RUN pip install "./[server,client]"
 
 FROM python:3.11-slim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..requests import RequestError
+from ..request import RequestError
 
 
 def row_lengths(attention_mask: torch.Tensor, engine: str) -> torch.Tensor:

@@ -45,7 +45,7 @@ from eagle3_target.protocol.transport import (
     new_secret,
 )
 
-from .requests import RequestError
+from .request import RequestError
 from .sessions import Session
 
 log = logging.getLogger(__name__)

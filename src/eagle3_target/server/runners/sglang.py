@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ..requests import RequestError
+from ..request import RequestError
 from .base import RunnerInfo, resolve_dtype
 from .rows import row_lengths, stack_rows
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 
-from ..requests import RequestError
+from ..request import RequestError
 from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
 from .hf import decoder_layers
 from .rows import row_lengths, stack_rows

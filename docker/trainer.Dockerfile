@@ -15,10 +15,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY protocol protocol
-COPY server server
-COPY client client
-COPY operator operator
+COPY src src
 # the nemo extra brings nemo-automodel 0.7.0 with its own pins (transformers, torch, its kernels);
 # sources go once installed
 RUN pip install "./[client,nemo]" && rm -rf /src

@@ -33,7 +33,7 @@ from eagle3_target.protocol.wire import EncodedBlob
 
 from .dataplane import DataPlane, PortRange
 from .metrics import ServerMetrics
-from .requests import RequestError, parse_generate, parse_vocab_mapping
+from .request import RequestError, parse_generate, parse_vocab_mapping
 from .runners import TargetRunner
 from .sessions import DEFAULT_MAX_SESSIONS, PEER_PREFIX, Session, SessionLimit, SessionTable, session_id
 

@@ -7,10 +7,7 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY protocol protocol
-COPY server server
-COPY client client
-COPY operator operator
+COPY src src
 # the check fails the build if the operator's imports ever pull in torch
 RUN pip install "./[operator]" \
     && python -c "import sys, eagle3_target.operator.handlers; assert 'torch' not in sys.modules"
