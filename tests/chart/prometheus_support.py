@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 from chart.render import NAMESPACE, RELEASE
 from target_support import free_port
+from tiers import missing
 
 # The pod a scraped server stands in for: replica 0 of the Eagle3Target the chart renders, labelled as the
 # Prometheus Operator labels a target it discovers.
@@ -29,15 +30,13 @@ POD_LABELS = {
     "container": "server",
     "service": f"{RELEASE}-peers",
 }
-INSTALL_HINT = (
-    "apt-get install -y --no-install-recommends prometheus (Debian; .ci/prometheus.sh does it in CI)"
-)
+INSTALL_HINT = "apt-get install prometheus, Debian's package; .ci/prometheus does it in CI"
 
 
 def binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise RuntimeError(f"{name} is not on PATH: {INSTALL_HINT}")
+        missing(f"{name} is not on PATH", INSTALL_HINT)
     return path
 
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import pytest
+from tiers import missing
 
 RUNTIME = os.environ.get("CONTAINER_RUNTIME") or shutil.which("podman") or shutil.which("docker") or "podman"
 OPERATOR_MAX_BYTES = 400e6
@@ -22,7 +23,7 @@ SERVER_READY_S = 300  # loads torch and builds the embedded model on a loaded 2-
 def image(env: str) -> str:
     ref = os.environ.get(env)
     if not ref:
-        pytest.skip(f"{env} is not set: .ci/images builds the images and runs these tests")
+        missing(f"{env} is not set", "scripts/build-images.sh builds the image; .ci/run does it and sets it")
     return ref
 
 

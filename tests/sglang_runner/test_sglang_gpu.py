@@ -11,10 +11,13 @@ import torch
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
-    reason="needs SGLang and a CUDA GPU",
-)
+pytestmark = [
+    pytest.mark.skip_ok_in_ci,
+    pytest.mark.skipif(
+        importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
+        reason="needs SGLang and a CUDA GPU",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ def test_server_and_client_import_without_vllm():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.skip_ok_in_ci
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here")
 def test_serve_with_the_vllm_engine_exits_at_once_saying_what_to_install(tmp_path):
     command = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "vllm"]
@@ -35,6 +36,7 @@ def test_serve_with_the_vllm_engine_exits_at_once_saying_what_to_install(tmp_pat
     ]
 
 
+@pytest.mark.skip_ok_in_ci
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here")
 def test_loading_the_vllm_runner_without_vllm_names_what_to_install(tmp_path):
     with pytest.raises(VLLMUnavailable) as err:
