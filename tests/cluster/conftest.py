@@ -1,0 +1,59 @@
+"""The cluster tier: one real control plane per session (tests/cluster/k8s.py), a fresh namespace per test,
+real kubectl and helm. Binaries are found the envtest way, in $KUBEBUILDER_ASSETS:
+`export KUBEBUILDER_ASSETS=$(<shared>/tools/k8s/unpack.sh)`; without them the tier skips (fails in CI)."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from cluster.k8s import Cli, ControlPlane
+from tiers import missing
+from tools import install_tools
+
+REQUIRED = ("etcd", "kube-apiserver")
+HOW = "export KUBEBUILDER_ASSETS=$(../shared/tools/k8s/unpack.sh), the envtest convention"
+
+
+@pytest.fixture(scope="session")
+def k8s_assets() -> Path:
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if not assets:
+        missing("Kubernetes binaries: KUBEBUILDER_ASSETS is not set", HOW)
+    absent = [name for name in REQUIRED if not (Path(assets) / name).is_file()]
+    if absent:
+        missing(f"Kubernetes binaries: {', '.join(absent)} not in KUBEBUILDER_ASSETS={assets}", HOW)
+    return Path(assets)
+
+
+@pytest.fixture(scope="session")
+def control_plane(k8s_assets, tmp_path_factory):
+    plane = ControlPlane(k8s_assets, tmp_path_factory.mktemp("control-plane"))
+    plane.start()
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane, k8s_assets) -> Cli:
+    """kubectl as cluster admin (the assets' kubectl if there is one, else the dev extra's)."""
+    binary = k8s_assets / "kubectl"
+    return Cli(binary if binary.is_file() else install_tools().kubectl, control_plane.admin_kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def helm(control_plane) -> Cli:
+    return Cli(install_tools().helm, control_plane.admin_kubeconfig)
+
+
+@pytest.fixture
+def namespace(kubectl, request) -> str:
+    """A fresh namespace for this test, deleted afterwards (without waiting: the next test has its own)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    kubectl("create", "namespace", name)
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false")
