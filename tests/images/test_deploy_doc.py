@@ -19,7 +19,7 @@ DOC = (REPO / "docs" / "deploy.md").read_text()
 
 
 def test_every_repository_path_the_guide_names_exists():
-    folders = "scripts|server|operator|charts|manifests|tests|docs|\\.ci|\\.github"
+    folders = "scripts|src|docker|charts|manifests|tests|docs|\\.ci|\\.github"
     paths = set(re.findall(rf"`((?:{folders})/[\w./-]+)`", DOC))
     assert len(paths) > 10
     assert sorted(p for p in paths if not (REPO / p).exists()) == []
