@@ -14,6 +14,9 @@ from cluster.k8s import Cli, ControlPlane
 from tiers import missing
 from tools import install_tools
 
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "manifests" / "crd.yaml"
+CRD_NAME = "eagle3targets.eagle3.dev"
 REQUIRED = ("etcd", "kube-apiserver")
 HOW = "export KUBEBUILDER_ASSETS=$(../shared/tools/k8s/unpack.sh), the envtest convention"
 
@@ -57,3 +60,12 @@ def namespace(kubectl, request) -> str:
     kubectl("create", "namespace", name)
     yield name
     kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def crd(kubectl) -> dict:
+    """The project's CRD, applied server-side as the README says, once per session and first (so that the
+    garbage collector's discovery knows the kind before any test creates children of it)."""
+    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    return kubectl.json("get", "crd", CRD_NAME)

@@ -58,22 +58,10 @@ def test_crd_identity_subresources_and_columns(crd):
     ]
 
 
-def test_example_target_is_valid_and_bad_ones_are_not(schema):
-    check = validator(schema)
+def test_example_target_is_valid(schema):
+    """Offline, against the schema; what the server refuses (bounds, enums, CEL rules) is tests/cluster's."""
     example = next(d for d in load_all("example-target.yaml") if d["kind"] == "Eagle3Target")
-    check.validate(example)
-    for bad in (
-        {"engine": "vllm"},
-        {"replicas": -1},
-        {"auxLayerIds": [1, 2]},
-        {"ports": {"http": 80}},
-        {"dtype": "int8"},
-        {"gpusPerReplica": 17},
-    ):
-        with pytest.raises(jsonschema.ValidationError):
-            check.validate({**example, "spec": {**example["spec"], **bad}})
-    with pytest.raises(jsonschema.ValidationError):
-        check.validate({**example, "spec": {"replicas": 1}})  # model is required
+    validator(schema).validate(example)
 
 
 def test_operator_status_validates_against_the_schema(schema):
@@ -197,62 +185,6 @@ def test_default_status_is_valid_and_reads_as_in_progress_to_kstatus(schema):
     validator(schema).validate({"spec": {"model": "m"}, "status": default})
     conditions = {c["type"]: c["status"] for c in default["conditions"]}
     assert conditions == {"Reconciling": "True", "Ready": "Unknown"}
-
-
-def cel_rules(schema: dict, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict]]:
-    """Every x-kubernetes-validations rule with the path of the object it applies to."""
-    found = [(path, rule) for rule in schema.get("x-kubernetes-validations", [])]
-    for key, sub in schema.get("properties", {}).items():
-        found += cel_rules(sub, (*path, key))
-    return found
-
-
-def cel_refusals(schema: dict, obj: dict) -> list[str]:
-    """What the API server's CEL admission says about `obj` (defaults applied first, as it does)."""
-    import celpy
-
-    env = celpy.Environment()
-    obj = default(schema, obj)
-    messages = []
-    for path, rule in cel_rules(schema):
-        value = obj
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is None:
-            continue  # rules run only where their object exists
-        program = env.program(env.compile(rule["rule"]))
-        if not program.evaluate({"self": celpy.json_to_cel(value)}):
-            messages.append(rule["message"])
-    return messages
-
-
-def target_object(name: str = "llama", **spec) -> dict:
-    return {"metadata": {"name": name, "namespace": "ml"}, "spec": {"model": "m", **spec}}
-
-
-@pytest.mark.parametrize(
-    "obj, refusal",
-    [
-        (target_object(), None),
-        (target_object("x" * builders.MAX_NAME_LENGTH), None),
-        (target_object("x" * (builders.MAX_NAME_LENGTH + 1)), "metadata.name must be at most"),
-        (target_object("y" * 60), "metadata.name must be at most"),
-        (target_object(modelVolume={"persistentVolumeClaim": {"claimName": "c"}}), None),
-        (target_object(modelVolume={"mountPath": "/m"}), "exactly one of"),
-        (target_object(ports={"nccl": {"start": 30000, "end": 29999}}), "nccl.end must not be below"),
-        (target_object(updateStrategy={"maxSurge": "25%", "maxUnavailable": 0}), None),
-        (target_object(updateStrategy={"maxSurge": 1, "maxUnavailable": 0}), None),
-        (target_object(updateStrategy={"maxSurge": "lots"}), "non-negative integers or percentages"),
-        (target_object(updateStrategy={"maxUnavailable": -1}), "non-negative integers or percentages"),
-        (target_object(updateStrategy={"maxSurge": 0, "maxUnavailable": 0}), "must not both be 0"),
-    ],
-)
-def test_cel_rules_refuse_what_cannot_work(schema, obj, refusal):
-    refusals = cel_refusals(schema, obj)
-    if refusal is None:
-        assert refusals == []
-    else:
-        assert len(refusals) == 1 and refusal in refusals[0], refusals
 
 
 def test_the_longest_admitted_name_fits_every_derived_name():
