@@ -23,6 +23,11 @@ COMMANDS = {
         "train an EAGLE-3 draft with NeMo's recipe against the target fleet",
         "nemo",
     ),
+    "precompute": (
+        "eagle3_target.client.precompute.cli",
+        "write NeMo's offline EAGLE-3 cache with the target fleet",
+        "precompute",
+    ),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 

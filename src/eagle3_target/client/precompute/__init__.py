@@ -1,0 +1,10 @@
+"""`eagle3-target precompute`: NeMo AutoModel's offline EAGLE-3 cache, written by the target fleet.
+
+The cache is the one NeMo's ``precompute_eagle3`` writes (manifest.json, shard-NNNNNN.safetensors,
+target_embeddings.safetensors) and its recipe reads with ``recipe_args.cached_target_path``; the
+supervision comes from the fleet through the client, so every server is kept busy.
+
+Modules: ``options`` (flags and their checks), ``cache`` (the cache's tensors and manifest),
+``store`` (atomic files on any fsspec filesystem), ``data`` (dataset -> this worker's batches),
+``progress`` (bar, log lines, Prometheus counters), ``runner`` (the run), ``cli`` (the command).
+"""

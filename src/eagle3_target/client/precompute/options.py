@@ -1,0 +1,190 @@
+"""The precompute command's flags: NeMo's ``precompute_eagle3`` flags with NeMo's meaning and defaults,
+then the fleet's (client) options and ours (workers, progress); plus the checks made before any work."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from eagle3_target.protocol import encodings
+
+from .cache import DTYPES
+
+WORKER_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
+WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Job template sets it)
+# What reads as a local file rather than a Hugging Face dataset id (NeMo accepts both).
+LOCAL_DATA = re.compile(r"^(/|\.|~)|\.(jsonl?|parquet|arrow|csv)$")
+
+
+class UsageError(ValueError):
+    """Bad input, reported as one line with exit status 2 before any work."""
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    return int(text) if text else default
+
+
+def add_nemo_arguments(p: argparse.ArgumentParser) -> None:
+    """NeMo 0.7.0's precompute_eagle3 flags (all but --device and --log-level: the fleet runs the target)."""
+    p.add_argument(
+        "--target-model", required=True, help="target model path or HF repo id (tokenizer, config)"
+    )
+    p.add_argument("--input-data", required=True, help="HF dataset id or local chat dataset path")
+    p.add_argument(
+        "--output-dir", required=True, help="cache directory: a local path or an fsspec URL (s3://...)"
+    )
+    p.add_argument("--seq-length", type=int, default=2048, help="sequence length (default 2048)")
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="draft vocabulary size (default: the full target vocab)",
+    )
+    p.add_argument(
+        "--target-probs-topk",
+        type=int,
+        default=0,
+        help="store only the top-k of each token's draft-vocab distribution (0, the default: in full, exact); "
+        "a real disk/fidelity trade-off, as in NeMo",
+    )
+    p.add_argument("--batch-size", type=int, default=4, help="target forward batch size (default 4)")
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        default=256,
+        help="samples per shard, a multiple of --batch-size (default 256)",
+    )
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="cache float dtype (default bf16)")
+    p.add_argument("--num-workers", type=int, default=0, help="dataloader workers (default 0)")
+    p.add_argument("--split", default=None, help="HF dataset split (slice syntax allowed)")
+    p.add_argument("--shuffle-seed", type=int, default=42, help="dataset ingestion shuffle seed (default 42)")
+    p.add_argument(
+        "--aux-layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="target layers to capture (default: the fleet's, which must equal these when given)",
+    )
+    p.add_argument(
+        "--mask-reasoning-content",
+        action="store_true",
+        help="exclude reasoning_content tokens from the loss mask",
+    )
+    p.add_argument(
+        "--mask-generation-prompt",
+        action="store_true",
+        help="exclude each assistant turn's template prefix from the loss mask",
+    )
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--resume", action="store_true", help="keep the shards already written, compute the rest")
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoints", help="endpoint spec(s) of the fleet (default: $EAGLE3_TARGET_SERVICE)")
+    p.add_argument("--nameserver", help="DNS server host[:port] (default: the system's)")
+    p.add_argument("--auth-token-file", type=Path, help="default: $EAGLE3_TARGET_AUTH_TOKEN_FILE")
+    p.add_argument(
+        "--encoding",
+        default=encodings.AUTO,
+        choices=encodings.CHOICES,
+        help="reply encoding (default auto: logits or nemo, both exact; hidden needs --allow-approximate)",
+    )
+    p.add_argument(
+        "--allow-approximate",
+        action="store_true",
+        help="accept --encoding hidden, whose target_probs are close to but not NeMo's",
+    )
+    p.add_argument("--max-in-flight", type=int, default=1, help="requests per server (default 1)")
+    p.add_argument(
+        "--start-timeout", type=float, default=300.0, help="seconds to find a ready server (default 300)"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=120.0, help="one attempt on one server (default 120)"
+    )
+    p.add_argument("--deadline", type=float, default=600.0, help="all attempts of one batch (default 600)")
+    p.add_argument(
+        "--hedge-after", type=float, default=10.0, help="re-send a batch unanswered this long (default 10)"
+    )
+    p.add_argument(
+        "--skip-config-digest",
+        action="store_true",
+        help="accept a fleet whose config digest differs from --target-model's (a synthetic fleet); "
+        "shapes are still checked",
+    )
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--worker-count",
+        type=int,
+        default=env_int(WORKER_COUNT_ENV, 1),
+        help=f"workers sharing the cache, each writing its own shards (default ${WORKER_COUNT_ENV} or 1)",
+    )
+    p.add_argument(
+        "--worker-index",
+        type=int,
+        default=env_int(WORKER_INDEX_ENV, 0),
+        help=f"this worker, 0..count-1 (default ${WORKER_INDEX_ENV}, as an Indexed Job sets it, or 0)",
+    )
+    p.add_argument(
+        "--log-interval",
+        type=float,
+        default=30.0,
+        help="seconds between progress lines off a terminal (default 30)",
+    )
+    p.add_argument(
+        "--metrics-file", help="Prometheus textfile, rewritten at each progress line and at the end"
+    )
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port while running")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_nemo_arguments(p)
+    add_fleet_arguments(p)
+    add_run_arguments(p)
+
+
+def check(args: argparse.Namespace) -> None:
+    """NeMo's argument checks and ours: UsageError for the first problem found."""
+    checks = [
+        (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
+        (args.shard_size >= 1, f"--shard-size must be >= 1, got {args.shard_size}"),
+        (
+            args.shard_size % max(args.batch_size, 1) == 0,
+            f"--shard-size ({args.shard_size}) must be a multiple of --batch-size ({args.batch_size}) "
+            "so shards align to batch boundaries",
+        ),
+        (args.seq_length >= 1, f"--seq-length must be >= 1, got {args.seq_length}"),
+        (
+            args.draft_vocab_size is None or args.draft_vocab_size >= 1,
+            f"--draft-vocab-size must be >= 1 or omitted, got {args.draft_vocab_size}",
+        ),
+        (args.target_probs_topk >= 0, f"--target-probs-topk must be >= 0, got {args.target_probs_topk}"),
+        (args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}"),
+        (args.max_in_flight >= 1, f"--max-in-flight must be >= 1, got {args.max_in_flight}"),
+        (args.worker_count >= 1, f"--worker-count must be >= 1, got {args.worker_count}"),
+        (
+            0 <= args.worker_index < args.worker_count,
+            f"--worker-index {args.worker_index} is outside 0..{args.worker_count - 1} (--worker-count)",
+        ),
+        (
+            args.encoding != "hidden" or args.allow_approximate,
+            "--encoding hidden gives approximate target_probs, not NeMo's; add --allow-approximate to accept that",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+    data = os.path.expanduser(args.input_data)
+    if LOCAL_DATA.search(args.input_data) and not os.path.exists(data):
+        raise UsageError(f"--input-data {args.input_data}: no such file or directory")

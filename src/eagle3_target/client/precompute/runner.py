@@ -1,0 +1,182 @@
+"""One precompute run: check everything cheap first, then stream this worker's shards from the fleet."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+from typing import Any
+
+from ..backend import RemoteTargetBackend
+from ..dispatch import PoolOptions
+from . import cache, data
+from .options import UsageError
+from .progress import Progress
+from .store import CacheStore
+
+log = logging.getLogger("eagle3_target.precompute")
+# The HF runner's config digest leaves out what names or places the model rather than defines it.
+UNDIGESTED = ("_name_or_path", "torch_dtype", "dtype")
+
+
+def config_digest(config) -> str:
+    blob = json.dumps(
+        {k: v for k, v in config.to_diff_dict().items() if k not in UNDIGESTED}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def check_output(store: CacheStore, args: argparse.Namespace) -> set[int]:
+    """This worker's shards already in the cache; refused without --resume."""
+    mine = {s for s in store.shard_indices() if s % args.worker_count == args.worker_index}
+    if mine and not args.resume:
+        raise UsageError(
+            f"{args.output_dir} already has shards; pass --resume to continue or use a fresh dir"
+        )
+    return mine
+
+
+def check_model(info: dict[str, Any], config, args: argparse.Namespace) -> list[int]:
+    """The fleet must serve --target-model: same shapes and (unless skipped) the same config digest.
+    Returns the aux layer ids the fleet captures."""
+    expected = {
+        "num_hidden_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+    }
+    if not args.skip_config_digest and "config_digest" in info:
+        expected["config_digest"] = config_digest(config)
+    if args.aux_layer_ids is not None:
+        expected["aux_layer_ids"] = list(args.aux_layer_ids)
+    wrong = {k: (v, info.get(k)) for k, v in expected.items() if info.get(k) != v}
+    if wrong:
+        told = ", ".join(f"{k}: {want} here, {got} on the fleet" for k, (want, got) in wrong.items())
+        raise UsageError(f"the fleet does not serve --target-model {args.target_model} ({told})")
+    return list(info["aux_layer_ids"])
+
+
+def connect(args: argparse.Namespace, token: str | None) -> RemoteTargetBackend:
+    options = PoolOptions(
+        request_timeout=args.request_timeout,
+        deadline=args.deadline,
+        start_timeout=args.start_timeout,
+        max_in_flight=args.max_in_flight,
+        hedge_after=args.hedge_after,
+        encoding=args.encoding,
+    )
+    backend = RemoteTargetBackend(
+        args.endpoints, auth_token=token, nameserver=args.nameserver, options=options
+    )
+    backend.wait_for_servers(args.start_timeout)
+    return backend
+
+
+def build_manifest(args, dataset: data.Dataset, config, aux_layer_ids: list[int]) -> dict[str, Any]:
+    """NeMo's manifest fields, from the same inputs NeMo takes them from."""
+    return {
+        "target_model": args.target_model,
+        "target_vocab_size": int(config.vocab_size),
+        "draft_vocab_size": int(dataset.selected_token_ids.numel()),
+        "seq_length": args.seq_length,
+        "dtype": args.dtype,
+        "num_samples": dataset.num_samples,
+        "shard_size": args.shard_size,
+        "target_probs_topk": args.target_probs_topk,
+        "aux_hidden_dim": int(config.hidden_size) * len(aux_layer_ids),
+        "aux_layer_ids": aux_layer_ids,
+        "selected_token_ids": dataset.selected_token_ids.tolist(),
+        "input_data": str(args.input_data),
+        "split": args.split,
+        "shuffle_seed": int(args.shuffle_seed),
+        "mask_reasoning_content": bool(args.mask_reasoning_content),
+        "mask_generation_prompt": bool(args.mask_generation_prompt),
+    }
+
+
+def check_manifest(store: CacheStore, manifest: dict[str, Any], present: set[int], args) -> None:
+    """A resumed run, or one of several workers, continues a cache only if it was made the same way."""
+    recorded = store.read_manifest()
+    if recorded is None:
+        if present:
+            raise UsageError(
+                f"{args.output_dir} has shards but no manifest, so they cannot be verified; "
+                "delete the directory and start fresh"
+            )
+        return
+    wrong = cache.manifest_difference(recorded, manifest)
+    if wrong:
+        raise UsageError(
+            f"{args.output_dir} holds a cache made with other settings (mismatched fields: {wrong}); "
+            "re-run with the original settings, or use a fresh directory"
+        )
+
+
+def write_shards(backend, dataset: data.Dataset, todo: list[int], store: CacheStore, args, progress) -> None:
+    """Stream the batches of ``todo`` through the fleet (prefetch keeps every server busy) and write each
+    shard as soon as its last batch is back: at most one shard is held in memory."""
+    dtype = cache.DTYPES[args.dtype]
+    shard_of = [s for s in todo for _ in range(-(-shard_len(s, dataset, args) // args.batch_size))]
+    triples = (
+        (b["input_ids"], b["attention_mask"], b["loss_mask"])
+        for b in data.batches(dataset, todo, args.shard_size)
+    )
+    chunks: list = []
+    for position, batch in enumerate(backend.prefetch(triples)):
+        chunks.append(cache.batch_tensors(batch.as_dict(), dtype, args.target_probs_topk))
+        progress.batch(batch.input_ids.shape[0], int(batch.attention_mask.sum()))
+        shard = shard_of[position]
+        if position + 1 == len(shard_of) or shard_of[position + 1] != shard:
+            blob = cache.shard_bytes(chunks)
+            store.write(cache.shard_name(shard), blob)
+            progress.shard(len(blob))
+            log.debug("wrote %s (%d bytes)", cache.shard_name(shard), len(blob))
+            chunks = []
+
+
+def shard_len(shard: int, dataset: data.Dataset, args) -> int:
+    return min(args.shard_size, dataset.num_samples - shard * args.shard_size)
+
+
+def precompute(args: argparse.Namespace, token: str | None) -> str:
+    """The run after the argument checks; returns the summary line. UsageError for bad input."""
+    from transformers import AutoConfig
+
+    store = CacheStore(args.output_dir)
+    present = check_output(store, args)
+    config = AutoConfig.from_pretrained(args.target_model, trust_remote_code=args.trust_remote_code)
+    config = config.get_text_config()
+    with connect(args, token) as backend:
+        aux_layer_ids = check_model(backend.model_info(), config, args)
+        if args.encoding == "hidden":
+            log.warning("--encoding hidden: target_probs are approximate, not NeMo's")
+        dataset = data.load(args, int(config.vocab_size))
+        manifest = build_manifest(args, dataset, config, aux_layer_ids)
+        if args.resume or args.worker_count > 1:
+            check_manifest(store, manifest, present, args)
+        backend.set_vocab_mapping(dataset.selected_token_ids, dataset.selected_token_mask)
+        store.write(cache.MANIFEST, cache.manifest_bytes(manifest))
+        store.write(cache.EMBEDDINGS, cache.embeddings_bytes(backend.get_input_embeddings().weight))
+        owned = data.owned_shards(dataset.num_samples, args.shard_size, args.worker_index, args.worker_count)
+        todo = [s for s in owned if s not in present]
+        worker = f"{args.worker_index + 1}/{args.worker_count}"
+        log.info(
+            "worker %s: %d of %d shards to write (%d present) -> %s",
+            worker,
+            len(todo),
+            len(owned),
+            len(owned) - len(todo),
+            args.output_dir,
+        )
+        progress = Progress(
+            sum(shard_len(s, dataset, args) for s in todo),
+            worker=worker,
+            log_interval=args.log_interval,
+            metrics_file=args.metrics_file,
+            metrics_port=args.metrics_port,
+        )
+        try:
+            write_shards(backend, dataset, todo, store, args, progress)
+        finally:
+            summary = progress.close()
+    return summary
