@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hostile_support import Case, CaseGenerator, ServerProcess, raw_request  # noqa: E402
 from target_support import generate_body, vocab_body  # noqa: E402
 
-from eagle3_target.protocol import spec, wire  # noqa: E402
+from eagle3_target.protocol import contract, wire  # noqa: E402
 
 BIG = dict(hidden_size=16384, vocab_size=1024)
 BIG_SEQ = 3072
-SESSION = [(spec.SESSION_HEADER.encode(), b"bench")]
+SESSION = [(contract.SESSION_HEADER.encode(), b"bench")]
 
 
 class Probe:
@@ -100,7 +100,7 @@ async def set_mapping(srv: ServerProcess) -> None:
 
 def generate_request() -> bytes:
     body = generate_body(torch.zeros(1, BIG_SEQ, dtype=torch.long))
-    head = f"POST /generate HTTP/1.1\r\nHost: t\r\n{spec.SESSION_HEADER}: bench\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = f"POST /generate HTTP/1.1\r\nHost: t\r\n{contract.SESSION_HEADER}: bench\r\nContent-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
 
 

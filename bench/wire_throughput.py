@@ -32,7 +32,7 @@ import torch
 
 from eagle3_target.client.connection import parse_server_timing, read_body
 from eagle3_target.protocol import encodings, wire
-from eagle3_target.protocol.spec import ENCODING_HEADER
+from eagle3_target.protocol.contract import ENCODING_HEADER
 
 SHAPES = {
     # B, S, hidden, vocab, draft vocab: Llama-3.1-8B's supervision for one 2048-token sequence is 312.5 MB.

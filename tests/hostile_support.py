@@ -22,20 +22,20 @@ from dataclasses import dataclass
 import torch
 from target_support import free_port
 
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import contract, wire
 
 ENDPOINTS = [
-    spec.HEALTH,
-    spec.READYZ,
-    spec.LIVEZ,
-    spec.METRICS,
-    spec.HEARTBEAT,
-    spec.MODEL_INFO,
-    spec.INPUT_EMBEDDINGS,
-    spec.SET_VOCAB_MAPPING,
-    spec.INIT_NCCL,
-    spec.GENERATE,
-    spec.DISCONNECT,
+    contract.HEALTH,
+    contract.READYZ,
+    contract.LIVEZ,
+    contract.METRICS,
+    contract.HEARTBEAT,
+    contract.MODEL_INFO,
+    contract.INPUT_EMBEDDINGS,
+    contract.SET_VOCAB_MAPPING,
+    contract.INIT_NCCL,
+    contract.GENERATE,
+    contract.DISCONNECT,
     "nope",
     "generate/",
 ]
@@ -65,7 +65,9 @@ class CaseGenerator:
     def case(self) -> Case:
         r = self.rng
         path = r.choice(ENDPOINTS)
-        method = "GET" if path in (spec.HEALTH, spec.READYZ, spec.LIVEZ, spec.METRICS) else "POST"
+        method = (
+            "GET" if path in (contract.HEALTH, contract.READYZ, contract.LIVEZ, contract.METRICS) else "POST"
+        )
         if r.random() < 0.1:
             method = r.choice(METHODS)
         body = self.body(path)
@@ -75,13 +77,13 @@ class CaseGenerator:
         elif r.random() < 0.5:
             headers.append((b"Authorization", b"Bearer " + self.header_bytes(r.randint(0, 40))))
         if r.random() < 0.3:
-            headers.append((spec.SESSION_HEADER.encode(), self.session_name()))
+            headers.append((contract.SESSION_HEADER.encode(), self.session_name()))
         if r.random() < 0.08:
             headers.append((b"Content-Encoding", r.choice([b"gzip", b"deflate", b"br", b"zstd", b"x-nope"])))
         if r.random() < 0.05:
-            headers.append((spec.NCCL_HEADER.encode(), b"1"))
+            headers.append((contract.NCCL_HEADER.encode(), b"1"))
             headers.append(
-                (spec.SEQUENCE_HEADER.encode(), r.choice([b"0", b"-1", b"x", b"99999999999999999999"]))
+                (contract.SEQUENCE_HEADER.encode(), r.choice([b"0", b"-1", b"x", b"99999999999999999999"]))
             )
         return Case(method, "/" + path, headers, body)
 
@@ -95,11 +97,11 @@ class CaseGenerator:
 
     def body(self, path: str) -> bytes:
         r = self.rng
-        if path == spec.INIT_NCCL:
+        if path == contract.INIT_NCCL:
             return self.json_body()
-        if path == spec.SET_VOCAB_MAPPING:
+        if path == contract.SET_VOCAB_MAPPING:
             return self.mutate(self.vocab_blob())
-        if path == spec.GENERATE:
+        if path == contract.GENERATE:
             return self.mutate(self.generate_blob())
         return r.choice([b"", b"{}", r.randbytes(r.randint(0, 64)), self.json_body()])
 

@@ -18,7 +18,7 @@ from target_support import free_port
 from tools import Tools, install_tools
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
-from eagle3_target.protocol import spec
+from eagle3_target.protocol import contract
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +38,7 @@ def _serve_synthetic(port: int) -> subprocess.Popen:
     while True:
         assert proc.poll() is None, "the target server exited"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{spec.HEALTH}", timeout=5) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{contract.HEALTH}", timeout=5) as response:
                 if response.status == 200:
                     return proc
         except OSError:
@@ -58,7 +58,7 @@ def _drive_traffic(url: str) -> None:
             ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(seed))
             backend.generate_batch(ids, torch.ones_like(ids), torch.ones_like(ids))
         time.sleep(1.5)  # a heartbeat or two
-    bad = urllib.request.Request(f"{url}/{spec.GENERATE}", data=b"not a tensor archive", method="POST")
+    bad = urllib.request.Request(f"{url}/{contract.GENERATE}", data=b"not a tensor archive", method="POST")
     try:
         urllib.request.urlopen(bad, timeout=10)
     except urllib.error.HTTPError as exc:

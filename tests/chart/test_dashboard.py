@@ -11,7 +11,7 @@ from chart.render import CHART
 from prometheus_client.parser import text_string_to_metric_families
 from target_support import serve
 
-from eagle3_target.protocol import spec
+from eagle3_target.protocol import contract
 from eagle3_target.server.metrics import GENERATE_PHASES
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
@@ -59,7 +59,7 @@ def problems(exprs: list[str], exported: dict[str, set[str]]) -> list[str]:
 async def scraped() -> dict[str, set[str]]:
     async with (
         serve(lambda: SyntheticRunner()) as target,  # waits for /health 200: the model is loaded
-        target.http.get(f"{target.url}/{spec.METRICS}") as response,
+        target.http.get(f"{target.url}/{contract.METRICS}") as response,
     ):
         assert response.status == 200
         return series_labels(await response.text())
@@ -100,7 +100,7 @@ def test_dashboard_shows_what_the_issue_asks_for():
     }
     missing = [what for what, fragment in wanted.items() if fragment not in exprs]
     assert missing == [], titles
-    assert f'endpoint="{spec.GENERATE}"' in exprs
+    assert f'endpoint="{contract.GENERATE}"' in exprs
     assert set(GENERATE_PHASES) == {"decode", "forward", "projection", "encode", "send"}
 
 

@@ -11,7 +11,7 @@ from aiohttp import web
 from target_support import served
 
 from eagle3_target.client import EncodingError, PoolOptions, RemoteTargetBackend
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import contract, wire
 from eagle3_target.server.app import TargetServer
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -87,7 +87,7 @@ class TruncatingServer(TargetServer):
     """Answers /generate 200 with a reply that lacks its logits: a broken or hostile peer."""
 
     async def _stream_blob(self, request, blob, headers=None):
-        if request.path == "/" + spec.GENERATE:
+        if request.path == "/" + contract.GENERATE:
             tensors = wire.decode(bytearray(blob.tobytes()))
             tensors.pop("draft_logits", None)
             blob = wire.EncodedBlob(tensors)

@@ -33,7 +33,8 @@ import torch
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.client.connection import ServerConnection
 from eagle3_target.client.p2p import P2PChannel
-from eagle3_target.protocol import spec, transport, wire
+from eagle3_target.protocol import contract, transport, wire
+from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
@@ -81,7 +82,7 @@ def run_batches(args) -> None:
             ids, mask, loss = make_batch(seed, args.batch, args.seq)
             got = backend.generate_batch(ids, mask, loss).as_dict()
             want = expected(ids, loss, vocab)
-            ok &= all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in spec.SUPERVISION_KEYS)
+            ok &= all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in contract.SUPERVISION_KEYS)
         print(
             json.dumps(
                 {
@@ -121,15 +122,15 @@ def compare_encodings(args) -> None:
 async def stall(args) -> None:
     async with aiohttp.ClientSession() as http:
         conn = ServerConnection(args.url, http, "staller", timeout=args.timeout)
-        await conn.set_vocab_mapping(wire.encode(dict(zip(spec.VOCAB_KEYS, draft_vocab(), strict=False))))
+        await conn.set_vocab_mapping(wire.encode(dict(zip(contract.VOCAB_KEYS, draft_vocab(), strict=False))))
         conn.info = await conn.model_info()
         channel = P2PChannel("p2p", timeout=args.timeout)
         group = await channel._group(conn)
         ids, mask, loss = make_batch(7, args.batch, args.seq)
         request = wire.encode({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
-        headers = {spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: "0"}
-        _, payload = await conn.post(spec.GENERATE, request, headers=headers)
-        metadata = spec.decode_metadata(payload)
+        headers = {contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: "0"}
+        _, payload = await conn.post(contract.GENERATE, request, headers=headers)
+        metadata = decode_metadata(payload)
         first = next(iter(metadata))
         group.recv({first: metadata[first]}, 0, args.timeout)  # the server is still sending the rest
         print("STALLED", flush=True)
@@ -154,10 +155,10 @@ async def victim(args) -> None:
     async with aiohttp.ClientSession() as http:
         conn = ServerConnection(args.url, http, "victim", timeout=args.timeout)
         vocab = draft_vocab()
-        await conn.set_vocab_mapping(wire.encode(dict(zip(spec.VOCAB_KEYS, vocab, strict=False))))
-        body = json.dumps({"backend": "gloo", "auth": spec.P2P_AUTH}).encode()
+        await conn.set_vocab_mapping(wire.encode(dict(zip(contract.VOCAB_KEYS, vocab, strict=False))))
+        body = json.dumps({"backend": "gloo", "auth": contract.P2P_AUTH}).encode()
         conn.info = await conn.model_info()
-        reply = await conn.post_json(spec.INIT_NCCL, body)
+        reply = await conn.post_json(contract.INIT_NCCL, body)
         print(json.dumps(reply), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         channel = P2PChannel("p2p", timeout=args.timeout)
@@ -174,7 +175,7 @@ async def victim(args) -> None:
         answer = await channel.generate(conn, request, {})
         got, want = answer and answer[1], expected(ids, loss, vocab)
         ok = got is not None and all(
-            torch.equal(got[k], want[k].to(got[k].dtype)) for k in spec.SUPERVISION_KEYS
+            torch.equal(got[k], want[k].to(got[k].dtype)) for k in contract.SUPERVISION_KEYS
         )
         print(json.dumps({"first_join": first_join, "ok": ok, "transfers": channel.transfers}), flush=True)
 

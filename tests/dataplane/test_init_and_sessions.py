@@ -10,7 +10,8 @@ import torch
 from prometheus_client import CollectorRegistry
 from target_support import generate_body, serve, vocab_body
 
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import contract, wire
+from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.transport import PeerGroup, TransferError, listen
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.dataplane import DataPlane, PortRange
@@ -30,7 +31,7 @@ def options(**kw) -> ServerOptions:
 
 async def init(srv, session: str, body: dict | bytes, host_header=None) -> dict:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    resp = await srv.http.post(f"{srv.url}/init_nccl", data=data, headers={spec.SESSION_HEADER: session})
+    resp = await srv.http.post(f"{srv.url}/init_nccl", data=data, headers={contract.SESSION_HEADER: session})
     async with resp:
         return {"status_code": resp.status, **(await resp.json())}
 
@@ -43,9 +44,11 @@ async def session_with_vocab(srv, session: str) -> dict:
     ids = torch.arange(0, V, 5)
     mask = torch.zeros(V, dtype=torch.bool)
     mask[ids] = True
-    resp = await srv.post("set_vocab_mapping", vocab_body(ids, mask), headers={spec.SESSION_HEADER: session})
+    resp = await srv.post(
+        "set_vocab_mapping", vocab_body(ids, mask), headers={contract.SESSION_HEADER: session}
+    )
     assert resp.status == 200
-    return {spec.SESSION_HEADER: session}
+    return {contract.SESSION_HEADER: session}
 
 
 async def test_nemo_replies_stay_exact_and_bad_bodies_get_400():
@@ -94,10 +97,10 @@ async def test_unjoined_group_is_torn_down_and_generate_falls_back_to_the_wire()
         async with srv.http.post(
             f"{srv.url}/generate",
             data=generate_body(torch.ones(1, 8, dtype=torch.long)),
-            headers={**headers, spec.NCCL_HEADER: "1"},
+            headers={**headers, contract.NCCL_HEADER: "1"},
         ) as resp:
-            assert resp.status == 200 and spec.NCCL_HEADER not in resp.headers
-            assert set(wire.decode(bytearray(await resp.read()))) == set(spec.SUPERVISION_KEYS)
+            assert resp.status == 200 and contract.NCCL_HEADER not in resp.headers
+            assert set(wire.decode(bytearray(await resp.read()))) == set(contract.SUPERVISION_KEYS)
         assert "lonely" not in srv.server.dataplane.groups
         listen("127.0.0.1", reply["nccl_port"]).close()  # the store let its port go
 
@@ -116,13 +119,13 @@ async def test_named_port_handshake_sequence_numbers_and_mismatch():
             async with srv.http.post(
                 f"{srv.url}/generate",
                 data=body,
-                headers={**headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)},
+                headers={**headers, contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: str(seq)},
             ) as resp:
-                assert resp.headers[spec.NCCL_HEADER] == "1" and resp.headers[spec.SEQUENCE_HEADER] == str(
-                    seq
-                )
-                metadata = spec.decode_metadata(await resp.read())
-            assert list(metadata) == list(spec.SUPERVISION_KEYS)
+                assert resp.headers[contract.NCCL_HEADER] == "1" and resp.headers[
+                    contract.SEQUENCE_HEADER
+                ] == str(seq)
+                metadata = decode_metadata(await resp.read())
+            assert list(metadata) == list(contract.SUPERVISION_KEYS)
             tensors = await asyncio.to_thread(group.recv, metadata, seq, 5.0)
             assert (
                 tensors["position_mask"].dtype == torch.bool
@@ -132,9 +135,9 @@ async def test_named_port_handshake_sequence_numbers_and_mismatch():
         async with srv.http.post(
             f"{srv.url}/generate",
             data=body,
-            headers={**headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: "5"},
+            headers={**headers, contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: "5"},
         ) as resp:
-            assert spec.NCCL_HEADER not in resp.headers
+            assert contract.NCCL_HEADER not in resp.headers
             wire.decode(bytearray(await resp.read()))
         assert "nemo-like" not in srv.server.dataplane.groups
         with pytest.raises(TransferError):  # the server's side closed: our receive fails, it does not hang
@@ -146,7 +149,7 @@ async def test_disconnect_tears_the_sessions_group_down_and_leaves_others():
     async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
         a, b = await init(srv, "a", {"backend": "gloo"}), await init(srv, "b", {"backend": "gloo"})
         ga, gb = await asyncio.gather(joined(a), joined(b))
-        await srv.post("disconnect", b"{}", headers={spec.SESSION_HEADER: "a"})
+        await srv.post("disconnect", b"{}", headers={contract.SESSION_HEADER: "a"})
         assert set(srv.server.dataplane.groups) == {"b"}
         ga.close()
         gb.close()
@@ -156,14 +159,14 @@ async def test_a_cancelled_send_tears_the_group_down_and_frees_its_port():
     registry = CollectorRegistry()
     plane = DataPlane(PortRange(*port_range()), transfer_timeout=5.0, registry=registry)
     session = Session("s", time.monotonic())
-    body = json.dumps({"backend": "gloo", "auth": spec.P2P_AUTH}).encode()
+    body = json.dumps({"backend": "gloo", "auth": contract.P2P_AUTH}).encode()
     reply = await plane.init(session, "127.0.0.1", body, "cpu")
     join = PeerGroup.join
     group = await asyncio.to_thread(
         join, "127.0.0.1", reply["nccl_port"], "gloo", 30.0, secret=reply["secret"]
     )
     try:
-        async with plane.transfer(session, {spec.NCCL_HEADER: "1"}) as transfer:
+        async with plane.transfer(session, {contract.NCCL_HEADER: "1"}) as transfer:
             send = asyncio.create_task(transfer.send({"x": torch.ones(1 << 22)}))  # nobody receives it
             await asyncio.sleep(0.2)
             send.cancel()

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from eagle3_target.protocol import spec
+from eagle3_target.protocol import contract
 from eagle3_target.protocol.transport import hello, listen, store_namespace
 
 from .dataplane_support import read_line, result, start_server, worker
@@ -24,7 +24,7 @@ TEARDOWNS = "eagle3_target_p2p_teardowns_total"
 
 
 def init_nccl(url: str, session: str, body: dict, token: str | None = None) -> tuple[int, dict]:
-    headers = {spec.SESSION_HEADER: session}
+    headers = {contract.SESSION_HEADER: session}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(f"{url}/init_nccl", json.dumps(body).encode(), headers)
@@ -40,7 +40,7 @@ def try_init_nccl(*args) -> None:
         init_nccl(*args)
 
 
-AUTHENTICATED = {"backend": "gloo", "auth": spec.P2P_AUTH}
+AUTHENTICATED = {"backend": "gloo", "auth": contract.P2P_AUTH}
 
 
 def stop(server, timeout: float = 60) -> float:

@@ -1,5 +1,6 @@
 """The supervision encodings as pure functions: exactness, sizes, checks, negotiation."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,8 +9,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from eagle3_target.protocol import encodings, wire
+from eagle3_target.protocol.contract import SUPERVISION_KEYS
 from eagle3_target.protocol.encodings import HIDDEN, LOGITS, NEMO
-from eagle3_target.protocol.spec import SUPERVISION_KEYS
+from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
 B, S, V, H, VD = 3, 17, 60, 8, 24
@@ -125,8 +127,10 @@ def test_an_incomplete_or_misshapen_reply_is_a_wire_error(mutate, message):
 
 
 def test_negotiation():
-    assert encodings.offered({"hidden_size": 8}) == [NEMO]  # a server from before encodings
-    assert encodings.offered({"encodings": ["nemo", "zstd", "logits"]}) == [NEMO, LOGITS]
+    stock = ModelInfo(num_hidden_layers=4, hidden_size=8, vocab_size=16, aux_layer_ids=(1, 1, 0))
+    assert encodings.offered(stock) == [NEMO]  # a server from before encodings
+    newer = dataclasses.replace(stock, encodings=("nemo", "zstd", "logits"))
+    assert encodings.offered(newer) == [NEMO, LOGITS]
     assert encodings.choose("auto", [NEMO, LOGITS, HIDDEN]) == LOGITS  # never the approximate one
     assert encodings.choose("auto", [NEMO]) == NEMO
     assert encodings.choose(HIDDEN, [NEMO, LOGITS, HIDDEN]) == HIDDEN

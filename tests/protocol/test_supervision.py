@@ -2,7 +2,8 @@ import pytest
 import torch
 from target_support import spec_reference
 
-from eagle3_target.protocol.spec import SUPERVISION_KEYS, default_aux_layer_ids, validate_aux_layer_ids
+from eagle3_target.protocol.contract import SUPERVISION_KEYS
+from eagle3_target.protocol.model_info import default_aux_layer_ids, validate_aux_layer_ids
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision, shift_left
 
 

@@ -16,7 +16,7 @@ import torch
 from target_support import free_port, generate_body, vocab_body
 from transformers import LlamaConfig
 
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import contract, wire
 from eagle3_target.server.runners.tiny import TINY_LLAMA
 
 
@@ -288,7 +288,7 @@ def test_sigterm_while_the_model_loads_exits_at_once():
 
 def init_nccl(url: str, session: str, body: dict) -> tuple[int, bytes]:
     request = urllib.request.Request(
-        f"{url}/init_nccl", json.dumps(body).encode(), {spec.SESSION_HEADER: session}
+        f"{url}/init_nccl", json.dumps(body).encode(), {contract.SESSION_HEADER: session}
     )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -320,7 +320,7 @@ def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
-        status, body = init_nccl(url, "ours", {"backend": "gloo", "auth": spec.P2P_AUTH})
+        status, body = init_nccl(url, "ours", {"backend": "gloo", "auth": contract.P2P_AUTH})
         assert status == 200 and json.loads(body)["status"] == "ok", body
         # NeMo's order: its /init_nccl stays open until a rendezvous that never comes.
         named = {"backend": "gloo", "nccl_port": port + 101}  # in the default range, after ours

@@ -5,7 +5,7 @@ from target_support import generate_body, serve, vocab_body
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from eagle3_target.protocol import encodings, wire
-from eagle3_target.protocol.spec import ENCODING_HEADER, SUPERVISION_KEYS
+from eagle3_target.protocol.contract import ENCODING_HEADER, SUPERVISION_KEYS
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
 

@@ -10,7 +10,7 @@ from target_support import generate_body, serve, spec_reference, vocab_body
 from transformers import AutoModelForCausalLM
 
 from eagle3_target.protocol import wire
-from eagle3_target.protocol.spec import SUPERVISION_KEYS
+from eagle3_target.protocol.contract import SUPERVISION_KEYS
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner

@@ -15,19 +15,19 @@ from hostile_support import Case, Reply, ServerProcess, raw_request
 from prometheus_client.parser import text_string_to_metric_families
 from target_support import generate_body, vocab_body
 
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import contract, wire
 
 V = 1024
 # A 302 MB response that costs little compute: S=3072, aux 3 x 16384 bf16 (the synthetic runner's
 # forward is a gather), fp32 probs over a small vocab.
 BIG = dict(hidden_size=16384, vocab_size=V)
 BIG_SEQ = 3072
-SESSION = [(spec.SESSION_HEADER.encode(), b"s")]
+SESSION = [(contract.SESSION_HEADER.encode(), b"s")]
 
 
 def generate_request(seq: int) -> bytes:
     body = generate_body(torch.zeros(1, seq, dtype=torch.long))
-    head = f"POST /generate HTTP/1.1\r\nHost: t\r\n{spec.SESSION_HEADER}: s\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = f"POST /generate HTTP/1.1\r\nHost: t\r\n{contract.SESSION_HEADER}: s\r\nContent-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
 
 
@@ -109,7 +109,7 @@ async def test_rss_stays_flat_over_3000_valid_requests():
     with ServerProcess(dict(vocab_size=512)) as srv:
         await set_mapping(srv, 512)
         body = generate_body(torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0)))
-        headers = {spec.SESSION_HEADER: "s"}
+        headers = {contract.SESSION_HEADER: "s"}
         async with aiohttp.ClientSession() as http:
 
             async def run(n: int) -> None:
@@ -231,7 +231,7 @@ async def test_vocab_mappings_are_compact_copies_that_never_pin_the_request_body
         await set_mapping(srv, V)
         baseline = srv.rss_mb()
         for i in range(100):
-            session = [(spec.SESSION_HEADER.encode(), f"s{i}".encode())]
+            session = [(contract.SESSION_HEADER.encode(), f"s{i}".encode())]
             reply = await raw_request(
                 "127.0.0.1", srv.port, Case("POST", "/set_vocab_mapping", session, padded)
             )

@@ -4,7 +4,7 @@ import torch
 from target_support import generate_body, serve, spec_reference, vocab_body
 
 from eagle3_target.protocol import wire
-from eagle3_target.protocol.spec import SUPERVISION_KEYS
+from eagle3_target.protocol.contract import SUPERVISION_KEYS
 from eagle3_target.server.runners import load_runner
 
 

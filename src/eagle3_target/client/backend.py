@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from eagle3_target.protocol import encodings, wire
-from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS
+from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
 
 from .connection import Reply
 from .dispatch import PoolOptions, TargetPool
-from .endpoints import EndpointResolver, default_spec, default_token, make_resolver, parse_specs
+from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 
 
 @dataclass
@@ -132,7 +132,7 @@ class RemoteTargetBackend:
         try:
             # asyncio primitives bind to the loop that first uses them: ours, once start() runs there.
             self.pool = TargetPool(
-                resolver, self.session_id, auth_token=auth_token or default_token(), options=options
+                resolver, self.session_id, auth_token=auth_token or read_auth_token(), options=options
             )
             self._call(self.pool.start())
         except BaseException:
@@ -154,7 +154,8 @@ class RemoteTargetBackend:
     # -- NeMo's backend surface ------------------------------------------------------------
 
     def model_info(self) -> dict[str, Any]:
-        return dict(self.pool.reference or {})
+        """/model_info of the fleet as NeMo's backend returns it: a JSON object."""
+        return {} if self.pool.reference is None else self.pool.reference.to_json()
 
     @property
     def encodings(self) -> dict[str, str]:

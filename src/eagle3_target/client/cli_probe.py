@@ -14,15 +14,16 @@ from typing import Any
 
 import aiohttp
 
+from eagle3_target.protocol.model_info import ModelInfo
+
 from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
-from .dispatch import describe_model
 from .endpoints import (
     EndpointError,
     EndpointResolver,
     default_spec,
-    default_token,
     make_resolver,
     parse_specs,
+    read_auth_token,
 )
 
 # Exit codes (docs/client.md): the worst state found decides.
@@ -50,7 +51,7 @@ async def probe_server(conn: ServerConnection, pings: int) -> dict[str, Any]:
         report["state"] = "loading"  # it answers; 404 is a stock NeMo server, which has no /livez
         health_status, _ = await conn.health()
         if health_status == 200:
-            report["model_info"] = await conn.model_info()  # the first call that needs our token
+            report["model_info"] = (await conn.model_info()).to_json()  # the first call that needs our token
             samples = []
             for _ in range(max(1, pings)):
                 start = time.perf_counter()
@@ -86,11 +87,11 @@ async def probe(
 
 
 def read_token(path: Path | None) -> str | None:
-    return path.read_text().strip() if path else default_token()
+    return read_auth_token(path)
 
 
 def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    models = sorted({describe_model(r["model_info"]) for r in reports if "model_info" in r})
+    models = sorted({ModelInfo.from_json(r["model_info"]).describe() for r in reports if "model_info" in r})
     ready = sum(r["state"] == "ready" for r in reports)
     if any(r["state"] == "unauthorized" for r in reports):
         code = EXIT_UNAUTHORIZED
@@ -105,7 +106,7 @@ def describe(report: dict[str, Any]) -> str:
     line = f"{report['url']:<28} {report['state']:<13}"
     if "model_info" in report:
         info = report["model_info"]
-        line += f" rtt {report['rtt_ms']:.2f} ms  {info.get('model', '?')} ({describe_model(info)})"
+        line += f" rtt {report['rtt_ms']:.2f} ms  {info.get('model', '?')} ({ModelInfo.from_json(info).describe()})"
     if "error" in report:
         line += f" {report['error']}"
     return line

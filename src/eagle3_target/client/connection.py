@@ -18,7 +18,8 @@ from typing import Any
 import aiohttp
 import torch
 
-from eagle3_target.protocol import encodings, spec, wire
+from eagle3_target.protocol import contract, encodings, wire
+from eagle3_target.protocol.model_info import ModelInfo
 
 # Failures that say "this server, now" rather than "this request": try another server.
 TRANSIENT_ERRORS = (
@@ -100,11 +101,11 @@ class ServerConnection:
         self.url = url
         self.http = http
         self.timeout = aiohttp.ClientTimeout(total=timeout)
-        self.headers = {spec.SESSION_HEADER: session_id}
+        self.headers = {contract.SESSION_HEADER: session_id}
         if auth_token:
             self.headers["Authorization"] = f"Bearer {auth_token}"
         self.vocab_blob: bytes | None = None  # re-sent when the server has lost our session
-        self.info: dict[str, Any] = {}  # /model_info, read once per join
+        self.info: ModelInfo | None = None  # /model_info, read once per join
         self.encoding = encodings.NEMO  # negotiated at join
         self.p2p = None  # a p2p.P2PChannel, attached at join when the point-to-point path is negotiated
 
@@ -137,7 +138,9 @@ class ServerConnection:
     async def health(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
         """(status code, JSON body) of GET /health: 200 once ready, 503 while loading."""
         async with self.http.get(
-            f"{self.url}/{spec.HEALTH}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            f"{self.url}/{contract.HEALTH}",
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             try:
                 body = await response.json(content_type=None)
@@ -148,42 +151,42 @@ class ServerConnection:
     async def livez(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
         """Our extension; a stock NeMo server answers 404."""
         async with self.http.get(
-            f"{self.url}/{spec.LIVEZ}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            f"{self.url}/{contract.LIVEZ}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as response:
             try:
                 return response.status, await response.json(content_type=None)
             except ValueError:
                 return response.status, {}
 
-    async def model_info(self) -> dict[str, Any]:
-        return await self.post_json(spec.MODEL_INFO)
+    async def model_info(self) -> ModelInfo:
+        return ModelInfo.from_json(await self.post_json(contract.MODEL_INFO))
 
     async def lm_head(self, draft_vocab: int) -> torch.Tensor:
         """The lm_head rows of our draft vocabulary [Vd, H] (our extension, for the "hidden" encoding)."""
         _, payload = await self.post(
-            spec.LM_HEAD, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
+            contract.LM_HEAD, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
         )
         tensors = wire.decode(payload)
-        want = {"weight": (self._dtype(), (draft_vocab, int(self.info.get("hidden_size", 0))))}
+        want = {"weight": (self._dtype(), (draft_vocab, self.info.hidden_size))}
         encodings.check(tensors, want)
         return tensors["weight"]
 
     def _dtype(self) -> torch.dtype | None:
         """The target dtype named by /model_info; None where it names none (a stock NeMo server)."""
-        dtype = getattr(torch, str(self.info.get("dtype")), None)
+        dtype = getattr(torch, str(self.info.dtype), None)
         return dtype if isinstance(dtype, torch.dtype) else None
 
     async def heartbeat(self) -> None:
-        await self.post_json(spec.HEARTBEAT)
+        await self.post_json(contract.HEARTBEAT)
 
     async def input_embeddings(self) -> torch.Tensor:
         # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
         _, payload = await self.post(
-            spec.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
+            contract.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
         )
         weight = wire.decode(payload).get("weight")
         if weight is None:
-            raise wire.WireError(f"{self.url}/{spec.INPUT_EMBEDDINGS}: response has no 'weight'")
+            raise wire.WireError(f"{self.url}/{contract.INPUT_EMBEDDINGS}: response has no 'weight'")
         return weight
 
     async def set_vocab_mapping(self, blob: bytes | None = None) -> None:
@@ -192,7 +195,7 @@ class ServerConnection:
             self.vocab_blob = blob
         if self.vocab_blob is None:
             raise RuntimeError("set_vocab_mapping has not been called")
-        await self.post_json(spec.SET_VOCAB_MAPPING, self.vocab_blob)
+        await self.post_json(contract.SET_VOCAB_MAPPING, self.vocab_blob)
 
     async def generate(self, request: bytes, batch: int, seq: int, draft_vocab: int) -> Reply:
         """One /generate of a [batch, seq] request: the reply in our encoding, checked complete.
@@ -200,29 +203,30 @@ class ServerConnection:
         A 409 no_vocab_mapping means the server lost our session (restart or expiry): the
         mapping is re-sent and the request repeated once, which is safe since /generate is idempotent.
         """
-        headers = {} if self.encoding == encodings.NEMO else {spec.ENCODING_HEADER: self.encoding}
+        headers = {} if self.encoding == encodings.NEMO else {contract.ENCODING_HEADER: self.encoding}
         answer = None if self.p2p is None else await self.p2p.generate(self, request, headers)
         if answer is None:
             try:
-                response, payload = await self.post(spec.GENERATE, request, headers=headers)
+                response, payload = await self.post(contract.GENERATE, request, headers=headers)
             except ServerError as exc:
                 if exc.status != 409 or exc.error != "no_vocab_mapping" or self.vocab_blob is None:
                     raise
                 await self.set_vocab_mapping()
-                response, payload = await self.post(spec.GENERATE, request, headers=headers)
+                response, payload = await self.post(contract.GENERATE, request, headers=headers)
             answer = response.headers, wire.decode(payload)
         reply_headers, tensors = answer
-        sent = reply_headers.get(spec.ENCODING_HEADER, encodings.NEMO)
+        sent = reply_headers.get(contract.ENCODING_HEADER, encodings.NEMO)
         if sent != self.encoding:
             raise wire.WireError(f"{self.url}: asked for encoding {self.encoding!r}, the reply is {sent!r}")
-        hidden_size = int(self.info.get("hidden_size", 0))
-        want = encodings.expected(self.encoding, batch, seq, hidden_size, draft_vocab, self._dtype())
+        want = encodings.expected(
+            self.encoding, batch, seq, self.info.hidden_size, draft_vocab, self._dtype()
+        )
         encodings.check(tensors, want)
         return Reply(self.encoding, {k: tensors[k] for k in want})
 
     async def disconnect(self) -> None:
         """End our session only; the server keeps running for its other clients."""
-        await self.post_json(spec.DISCONNECT, b"{}")
+        await self.post_json(contract.DISCONNECT, b"{}")
 
 
 def _server_error(url: str, path: str, status: int, payload: bytes) -> ServerError:

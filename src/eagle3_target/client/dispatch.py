@@ -17,12 +17,13 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import aiohttp
 import torch
 
 from eagle3_target.protocol import encodings
+from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError
 
 from .connection import TRANSIENT_ERRORS, Reply, ServerConnection, ServerError
 from .endpoints import DNS_ERRORS, EndpointResolver
@@ -82,26 +83,11 @@ class Member:
     last_error: str = ""
     refusal: BaseException | None = None
     tasks: set[asyncio.Task] = field(default_factory=set)
-    probed_info: dict[str, Any] | None = None  # /model_info read before the first join, used by it
+    probed_info: ModelInfo | None = None  # /model_info read before the first join, used by it
 
     @property
     def url(self) -> str:
         return self.conn.url
-
-
-# What makes two servers interchangeable. NeMo's four keys, then our extensions; per-server
-# facts (nccl_port) and names (model path, engine) may differ.
-IDENTITY_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "aux_layer_ids", "dtype", "config_digest")
-
-
-def describe_model(info: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={info[k]}" for k in IDENTITY_KEYS if k in info)
-
-
-def model_difference(reference: dict[str, Any], info: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Identity keys both sides report with different values (a stock NeMo server reports only four)."""
-    shared = [k for k in IDENTITY_KEYS if k in reference and k in info]
-    return {k: (reference[k], info[k]) for k in shared if reference[k] != info[k]}
 
 
 class TargetPool:
@@ -118,7 +104,7 @@ class TargetPool:
         self.auth_token = auth_token
         self.options = options or PoolOptions()
         self.members: dict[str, Member] = {}
-        self.reference: dict[str, Any] | None = None  # model_info every member must match
+        self.reference: ModelInfo | None = None  # model_info every member must match
         self.refused: dict[str, str] = {}  # url -> why
         self.vocab_blob: bytes | None = None
         self._head_rows: tuple[bytes, torch.Tensor] | None = None  # (vocab blob, its lm_head rows)
@@ -170,19 +156,19 @@ class TargetPool:
                     break
         return len(self.healthy())
 
-    async def _check_initial_models(self, urls: list[str]) -> dict[str, dict[str, Any]]:
+    async def _check_initial_models(self, urls: list[str]) -> dict[str, ModelInfo]:
         """Refuse a mixed fleet up front rather than admitting whichever server answers first.
         Returns the answers, which the first join of each server uses instead of asking again."""
         probe = aiohttp.ClientTimeout(total=min(10.0, self.options.request_timeout))
         infos = await asyncio.gather(
             *(self._connection(url, probe).model_info() for url in urls), return_exceptions=True
         )
-        answered = {url: info for url, info in zip(urls, infos, strict=False) if isinstance(info, dict)}
+        answered = {url: info for url, info in zip(urls, infos, strict=False) if isinstance(info, ModelInfo)}
         if not answered:
             return {}  # none ready yet: the join tasks will set the reference
         groups: dict[str, list[str]] = {}
         for url, info in answered.items():
-            groups.setdefault(describe_model(info), []).append(url)
+            groups.setdefault(info.describe(), []).append(url)
         if len(groups) > 1:
             lines = "; ".join(f"{', '.join(servers)} serve {model}" for model, servers in groups.items())
             raise ModelMismatchError(f"target servers disagree on the model: {lines}")
@@ -420,7 +406,7 @@ class TargetPool:
         conn.vocab_blob = self.vocab_blob
         return conn
 
-    def _add(self, url: str, info: dict[str, Any] | None = None) -> None:
+    def _add(self, url: str, info: ModelInfo | None = None) -> None:
         member = self.members[url] = Member(self._connection(url), probed_info=info)
         self._start_member_task(member, self._join(member))
 
@@ -445,7 +431,7 @@ class TargetPool:
             try:
                 await self._admit(member)
                 return
-            except (ModelMismatchError, encodings.EncodingError, ServerError) as exc:
+            except (ModelMismatchError, ModelInfoError, encodings.EncodingError, ServerError) as exc:
                 if isinstance(exc, ServerError) and exc.retryable:
                     member.last_error = _short(exc)
                 else:  # another model, or a 4xx such as a wrong token: waiting will not help
@@ -467,12 +453,9 @@ class TargetPool:
         info, member.probed_info = member.probed_info or await member.conn.model_info(), None
         if self.reference is None:
             self.reference = info
-        diff = model_difference(self.reference, info)
+        diff = self.reference.difference(info)
         if diff:
-            detail = ", ".join(
-                f"{k}: {theirs!r} (pool has {ours!r})" for k, (ours, theirs) in sorted(diff.items())
-            )
-            raise ModelMismatchError(f"{member.url} serves a different target: {detail}")
+            raise ModelMismatchError(f"{member.url} serves a different target: {'; '.join(diff)}")
         member.conn.info = info
         member.conn.encoding = encodings.choose(self.options.encoding, encodings.offered(info), member.url)
         self._attach_p2p(member.conn)

@@ -22,11 +22,11 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 
+from eagle3_target.protocol import contract
+from eagle3_target.protocol.contract import DEFAULT_PORT, SERVICE_ENV
+
 log = logging.getLogger(__name__)
 
-SERVICE_ENV = "EAGLE3_TARGET_SERVICE"
-TOKEN_FILE_ENV = "EAGLE3_TARGET_AUTH_TOKEN_FILE"
-DEFAULT_PORT = 8001
 DNS_ERRORS = (dns.exception.DNSException,)
 
 
@@ -88,15 +88,13 @@ def default_spec() -> str:
     return text
 
 
-def default_token() -> str | None:
-    path = os.environ.get(TOKEN_FILE_ENV, "").strip()
-    if not path:
-        return None
+def read_auth_token(path: str | os.PathLike | None = None) -> str | None:
+    """The bearer token in ``path``, else in the file $EAGLE3_TARGET_AUTH_TOKEN_FILE names; None when neither
+    names one. An empty or unreadable file is an EndpointError (contract.read_token_file's rule)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or None
-    except OSError as exc:
-        raise EndpointError(f"${TOKEN_FILE_ENV}={path}: {exc}") from None
+        return contract.read_token_file(path) if path else contract.token_from_env()
+    except contract.TokenFileError as exc:
+        raise EndpointError(str(exc)) from None
 
 
 def base_url(ip: str, port: int) -> str:

@@ -18,7 +18,9 @@ from collections.abc import Mapping
 
 import torch
 
-from eagle3_target.protocol import spec, wire
+from eagle3_target.protocol import contract, wire
+from eagle3_target.protocol.metadata import decode_metadata
+from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.transport import GLOO, NCCL, PeerGroup, TransferError
 
 from .connection import ServerConnection, ServerError
@@ -33,9 +35,9 @@ class P2PUnavailable(RuntimeError):
     """--data-path p2p was asked for and this server cannot give it."""
 
 
-def offered_backend(model_info: Mapping, mode: str) -> str:
+def offered_backend(info: ModelInfo, mode: str) -> str:
     """The group backend to use with a server in ``mode``; P2PUnavailable says why there is none."""
-    offered = (model_info.get("p2p") or {}).get("backend")
+    offered = info.p2p.get("backend")
     if mode == "wire":
         raise P2PUnavailable("the wire path was asked for")
     if offered not in (GLOO, NCCL):
@@ -74,9 +76,9 @@ class P2PChannel:
         if group is None:
             return None
         seq = self.next_seq
-        headers = {**headers, spec.NCCL_HEADER: "1", spec.SEQUENCE_HEADER: str(seq)}
+        headers = {**headers, contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: str(seq)}
         try:
-            response, payload = await conn.post(spec.GENERATE, request, headers=headers)
+            response, payload = await conn.post(contract.GENERATE, request, headers=headers)
         except ServerError as exc:
             self.reset(f"/generate answered {exc.status}")  # our session (and its group) may be gone
             if exc.status == 409 and exc.error == "no_vocab_mapping":
@@ -85,15 +87,15 @@ class P2PChannel:
         except Exception:
             self.reset("the /generate request failed")  # we cannot know whether the server started sending
             raise
-        if response.headers.get(spec.NCCL_HEADER) != "1":
+        if response.headers.get(contract.NCCL_HEADER) != "1":
             self.reset("the server answered over the wire")
             return response.headers, wire.decode(payload)
         try:
-            if response.headers.get(spec.SEQUENCE_HEADER) != str(seq):
+            if response.headers.get(contract.SEQUENCE_HEADER) != str(seq):
                 raise TransferError(
-                    f"server echoed transfer {response.headers.get(spec.SEQUENCE_HEADER)}, not {seq}"
+                    f"server echoed transfer {response.headers.get(contract.SEQUENCE_HEADER)}, not {seq}"
                 )
-            metadata = spec.decode_metadata(payload)
+            metadata = decode_metadata(payload)
             loop = asyncio.get_running_loop()
             tensors = await loop.run_in_executor(None, group.recv, metadata, seq, self.timeout)
         except (TransferError, wire.WireError) as exc:
@@ -125,9 +127,9 @@ class P2PChannel:
 
     async def _build(self, conn: ServerConnection) -> PeerGroup:
         offered = offered_backend(conn.info, self.mode)
-        body = json.dumps({"backend": offered, "auth": spec.P2P_AUTH}).encode()
+        body = json.dumps({"backend": offered, "auth": contract.P2P_AUTH}).encode()
         try:
-            reply = await conn.post_json(spec.INIT_NCCL, body)
+            reply = await conn.post_json(contract.INIT_NCCL, body)
         except ServerError as exc:
             raise P2PUnavailable(str(exc)) from exc
         if reply.get("status") != "ok" or "secret" not in reply:

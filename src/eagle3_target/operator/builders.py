@@ -8,6 +8,8 @@ import dataclasses
 import hashlib
 import json
 
+from eagle3_target.protocol import contract
+
 from . import GROUP
 from .spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
 
@@ -131,8 +133,8 @@ def _env(spec: TargetSpec, ordinal: int) -> list[dict]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "EAGLE3_TARGET_HTTP_PORT", "value": str(ports.http)},
-        {"name": "EAGLE3_TARGET_NCCL_PORT_RANGE", "value": ports.nccl_range},
+        {"name": contract.HTTP_PORT_ENV, "value": str(ports.http)},
+        {"name": contract.NCCL_PORT_RANGE_ENV, "value": ports.nccl_range},
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": "HF_HUB_CACHE", "value": f"{HF_HOME}/hub"},
         {"name": "HOME", "value": "/tmp"},
@@ -199,9 +201,9 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
         "env": _env(spec, ordinal),
         "ports": _container_ports(spec, ordinal),
         "resources": _resources(spec),
-        "startupProbe": _probe("/health", spec.startup_probe),
-        "readinessProbe": _probe("/health", spec.readiness_probe),
-        "livenessProbe": _probe("/livez", spec.liveness_probe),
+        "startupProbe": _probe(contract.READINESS_PATH, spec.startup_probe),
+        "readinessProbe": _probe(contract.READINESS_PATH, spec.readiness_probe),
+        "livenessProbe": _probe(contract.LIVENESS_PATH, spec.liveness_probe),
         "volumeMounts": mounts,
         "securityContext": {
             "runAsNonRoot": True,
@@ -338,8 +340,8 @@ def client_env(
 ) -> dict[str, str]:
     fqdn = f"{name}.{namespace}.svc.{cluster_domain}"
     return {
-        "EAGLE3_TARGET_SERVICE": f"srv://_http._tcp.{fqdn}",
-        "EAGLE3_TARGET_SERVICE_DNS": f"dns://{fqdn}:{spec.http_port}",
+        contract.SERVICE_ENV: f"srv://_http._tcp.{fqdn}",
+        contract.SERVICE_DNS_ENV: f"dns://{fqdn}:{spec.http_port}",
     }
 
 

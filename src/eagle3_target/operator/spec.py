@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3_target.protocol.contract import DEFAULT_PORT
+
 # Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
 ROLLOUT_FIELDS = frozenset(
     {"replicas", "max_surge", "max_unavailable", "partition", "progress_deadline_seconds"}
@@ -75,7 +77,7 @@ class TargetSpec:
     tolerations: tuple[dict, ...] = ()
     affinity: dict = field(default_factory=dict)
     host_network: bool = False
-    http_port: int = 8001
+    http_port: int = DEFAULT_PORT
     nccl_start: int = 29600  # clear of torchrun's 29500-29510
     nccl_end: int = 29855
     nccl_per_replica: int = 8
@@ -137,7 +139,7 @@ class TargetSpec:
             tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
             affinity=dict(spec.get("affinity") or {}),
             host_network=bool(spec.get("hostNetwork", False)),
-            http_port=int(ports.get("http", 8001)),
+            http_port=int(ports.get("http", DEFAULT_PORT)),
             nccl_start=int(nccl.get("start", 29600)),
             nccl_end=int(nccl.get("end", 29855)),
             nccl_per_replica=int(nccl.get("perReplica", 8)),

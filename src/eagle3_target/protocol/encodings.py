@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from .model_info import ModelInfo
 from .supervision import VocabMapping, assemble, build_supervision, draft_logits_tail, position_mask
 from .wire import WireError
 
@@ -39,10 +40,9 @@ class EncodingError(ValueError):
     """An encoding that does not exist, or that a server does not offer."""
 
 
-def offered(model_info: Mapping) -> list[str]:
-    """The encodings a server sends; one that predates them sends only "nemo"."""
-    names = model_info.get("encodings")
-    return [n for n in names if n in ENCODINGS] if isinstance(names, list) else [NEMO]
+def offered(info: ModelInfo) -> list[str]:
+    """The encodings a server sends that we know; one that predates them sends only "nemo"."""
+    return [NEMO] if info.encodings is None else [n for n in info.encodings if n in ENCODINGS]
 
 
 def choose(requested: str, offers: Sequence[str], server: str = "the server") -> str:

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from .spec import NCCL_GROUP_PREFIX
+from .contract import NCCL_GROUP_PREFIX
 
 GLOO = "gloo"
 NCCL = "nccl"

@@ -26,7 +26,7 @@ import torch
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from eagle3_target.protocol import encodings, spec
+from eagle3_target.protocol import contract, encodings, metadata
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.protocol.transport import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
@@ -51,7 +51,7 @@ SESSION_RETRY_AFTER = 30  # seconds a client past --max-sessions is asked to wai
 WARMUP_TOKENS = 8
 CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
 CLIENT_CLOSED_KEY = "eagle3_target.client_closed"  # set on a request whose client hung up mid-response
-OPEN_PATHS = {"/" + spec.LIVEZ, "/" + spec.READYZ, "/" + spec.HEALTH, "/" + spec.METRICS}
+OPEN_PATHS = {"/" + contract.LIVEZ, "/" + contract.READYZ, "/" + contract.HEALTH, "/" + contract.METRICS}
 
 
 @dataclass
@@ -110,18 +110,22 @@ class TargetServer:
         )
         app.add_routes(
             [
-                web.get("/" + spec.HEALTH, self.health, name=spec.HEALTH),
-                web.get("/" + spec.READYZ, self.health, name=spec.READYZ),
-                web.get("/" + spec.LIVEZ, self.livez, name=spec.LIVEZ),
-                web.get("/" + spec.METRICS, self.prometheus, name=spec.METRICS),
-                web.post("/" + spec.HEARTBEAT, self.heartbeat, name=spec.HEARTBEAT),
-                web.post("/" + spec.MODEL_INFO, self.model_info, name=spec.MODEL_INFO),
-                web.post("/" + spec.INPUT_EMBEDDINGS, self.input_embeddings, name=spec.INPUT_EMBEDDINGS),
-                web.post("/" + spec.SET_VOCAB_MAPPING, self.set_vocab_mapping, name=spec.SET_VOCAB_MAPPING),
-                web.post("/" + spec.INIT_NCCL, self.init_nccl, name=spec.INIT_NCCL),
-                web.post("/" + spec.GENERATE, self.generate, name=spec.GENERATE),
-                web.post("/" + spec.DISCONNECT, self.disconnect, name=spec.DISCONNECT),
-                web.post("/" + spec.LM_HEAD, self.lm_head, name=spec.LM_HEAD),
+                web.get("/" + contract.HEALTH, self.health, name=contract.HEALTH),
+                web.get("/" + contract.READYZ, self.health, name=contract.READYZ),
+                web.get("/" + contract.LIVEZ, self.livez, name=contract.LIVEZ),
+                web.get("/" + contract.METRICS, self.prometheus, name=contract.METRICS),
+                web.post("/" + contract.HEARTBEAT, self.heartbeat, name=contract.HEARTBEAT),
+                web.post("/" + contract.MODEL_INFO, self.model_info, name=contract.MODEL_INFO),
+                web.post(
+                    "/" + contract.INPUT_EMBEDDINGS, self.input_embeddings, name=contract.INPUT_EMBEDDINGS
+                ),
+                web.post(
+                    "/" + contract.SET_VOCAB_MAPPING, self.set_vocab_mapping, name=contract.SET_VOCAB_MAPPING
+                ),
+                web.post("/" + contract.INIT_NCCL, self.init_nccl, name=contract.INIT_NCCL),
+                web.post("/" + contract.GENERATE, self.generate, name=contract.GENERATE),
+                web.post("/" + contract.DISCONNECT, self.disconnect, name=contract.DISCONNECT),
+                web.post("/" + contract.LM_HEAD, self.lm_head, name=contract.LM_HEAD),
             ]
         )
         app.on_shutdown.append(self._close_dataplane)  # before in-flight handlers are waited for
@@ -191,7 +195,9 @@ class TargetServer:
         elapsed = time.perf_counter() - start
         info = runner.info
         self.metrics.model_load_seconds.set(elapsed)
-        self.metrics.model.info({k: str(v) for k, v in info.model_info().items() if k != "aux_layer_ids"})
+        self.metrics.model.info(
+            {k: str(v) for k, v in info.model_info().to_json().items() if k != "aux_layer_ids"}
+        )
         self.metrics.ready.set(1)
         log.info(
             "ready: %s (%s, %d layers, hidden %d, vocab %d, aux layers %s, %s on %s) loaded and warmed in %.1fs",
@@ -222,7 +228,7 @@ class TargetServer:
         start = time.perf_counter()
         code = 500
         self.metrics.in_flight.inc()
-        waited_for = route != spec.INIT_NCCL  # a pending rendezvous is abandoned, not waited for
+        waited_for = route != contract.INIT_NCCL  # a pending rendezvous is abandoned, not waited for
         self._busy += waited_for
         try:
             response = await handler(request)
@@ -292,7 +298,7 @@ class TargetServer:
     @staticmethod
     def _session_id(request: web.Request) -> str:
         """The X-Eagle3-Session header, or the peer address for a client that sends none (stock NeMo)."""
-        return session_id(request.headers.get(spec.SESSION_HEADER), request.remote)
+        return session_id(request.headers.get(contract.SESSION_HEADER), request.remote)
 
     def _session(self, request: web.Request) -> Session:
         try:
@@ -351,11 +357,10 @@ class TargetServer:
     async def model_info(self, request: web.Request) -> web.Response:
         runner = self._ready_runner()
         self._session(request)
-        info = runner.info.model_info()
-        if self.options.nccl_port is not None:
-            info["nccl_port"] = self.options.nccl_port
-        info["p2p"] = self.dataplane.info(runner.info.device)
-        return web.json_response(info)
+        info = runner.info.model_info(
+            nccl_port=self.options.nccl_port, p2p=self.dataplane.info(runner.info.device)
+        )
+        return web.json_response(info.to_json())
 
     async def input_embeddings(self, request: web.Request) -> web.StreamResponse:
         runner = self._ready_runner()
@@ -381,7 +386,7 @@ class TargetServer:
                 "session %s: a different vocab mapping replaces the current one; trainers sharing an "
                 "address should each send %s",
                 session.id,
-                spec.SESSION_HEADER,
+                contract.SESSION_HEADER,
             )
             self.metrics.peer_mapping_conflicts.inc()
         session.vocab = vocab  # a forward already running keeps the mapping it was handed
@@ -417,7 +422,7 @@ class TargetServer:
         inputs = await asyncio.to_thread(
             parse_generate, body, runner.info.vocab_size, self.options.max_batch_tokens
         )
-        encoding = _offered(runner, request.headers.get(spec.ENCODING_HEADER, encodings.NEMO))
+        encoding = _offered(runner, request.headers.get(contract.ENCODING_HEADER, encodings.NEMO))
         vocab = _vocab(session)
         timings["decode"] = time.perf_counter() - start
         async with self.dataplane.transfer(session, request.headers) as transfer:
@@ -430,7 +435,7 @@ class TargetServer:
         timings["encode"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        headers = {"Server-Timing": _server_timing(timings), spec.ENCODING_HEADER: encoding}
+        headers = {"Server-Timing": _server_timing(timings), contract.ENCODING_HEADER: encoding}
         response = await self._stream_blob(request, blob, headers)
         timings["send"] = time.perf_counter() - start
         self._record_generate(timings, inputs, "wire", blob.nbytes)
@@ -445,12 +450,12 @@ class TargetServer:
                 _compute, runner, inputs, _vocab(session), encoding, timings, False
             )
         response = web.Response(
-            body=spec.encode_metadata(supervision),
+            body=metadata.encode_metadata(supervision),
             content_type="application/json",
             headers={
                 **transfer.response_headers(),
                 "Server-Timing": _server_timing(timings),
-                spec.ENCODING_HEADER: encoding,
+                contract.ENCODING_HEADER: encoding,
             },
         )
         await response.prepare(request)

@@ -9,6 +9,8 @@ import logging
 import sys
 from pathlib import Path
 
+from eagle3_target.protocol.contract import DEFAULT_PORT, TokenFileError, read_token_file
+
 from . import preflight
 from .app import (
     DEFAULT_DRAIN_TIMEOUT,
@@ -65,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="HTTP bind addresses, comma-separated: the pod's own on a dual-stack pod ($(POD_IPS)), or :: for "
         "every address of both families (default 0.0.0.0)",
     )
-    p.add_argument("--port", type=int, default=8001, help="HTTP port (default 8001)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default %(default)s)")
     p.add_argument(
         "--nccl-port",
         type=int,
@@ -215,15 +217,10 @@ def check(args: argparse.Namespace) -> None:
 
 
 def _read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
     try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise preflight.UsageError(f"--auth-token-file {path}: cannot read it: {exc}") from None
-    if not token:  # an empty token would silently turn authentication off
-        raise preflight.UsageError(f"--auth-token-file {path} is empty; put the bearer token in it")
-    return token
+        return None if path is None else read_token_file(path)
+    except TokenFileError as exc:
+        raise preflight.UsageError(f"--auth-token-file {exc}") from None
 
 
 def _is_loopback(host: str) -> bool:

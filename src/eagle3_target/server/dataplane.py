@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from eagle3_target.protocol import spec
+from eagle3_target.protocol import contract
 from eagle3_target.protocol.transport import (
     NCCL,
     PeerGroup,
@@ -171,9 +171,9 @@ class Transfer:
         self.seq = seq  # the client's sequence number, None for a NeMo client (sends no header)
 
     def response_headers(self) -> dict[str, str]:
-        headers = {spec.NCCL_HEADER: "1"}
+        headers = {contract.NCCL_HEADER: "1"}
         if self.seq is not None:
-            headers[spec.SEQUENCE_HEADER] = str(self.seq)
+            headers[contract.SEQUENCE_HEADER] = str(self.seq)
         return headers
 
     async def send(self, tensors: Mapping[str, torch.Tensor | None]) -> int:
@@ -261,7 +261,7 @@ class DataPlane:
             raise RequestError(
                 403,
                 "p2p_auth_required",
-                f'this server forms groups only with a proven peer: send "auth": "{spec.P2P_AUTH}" '
+                f'this server forms groups only with a proven peer: send "auth": "{contract.P2P_AUTH}" '
                 "(NeMo's unauthenticated mode needs --allow-unauthenticated-p2p)",
             )
         if port is not None and (self.ports is None or port not in self.ports):
@@ -346,10 +346,10 @@ class DataPlane:
         Holds the session's transfer lock throughout, so sequence numbers follow request order.
         """
         sg = self.groups.get(session.id)
-        if headers.get(spec.NCCL_HEADER) != "1" or sg is None:
+        if headers.get(contract.NCCL_HEADER) != "1" or sg is None:
             yield None
             return
-        seq = _parse_seq(headers.get(spec.SEQUENCE_HEADER))
+        seq = _parse_seq(headers.get(contract.SEQUENCE_HEADER))
         async with sg.lock:
             group = await asyncio.shield(sg.ready)
             current = self.groups.get(session.id) is sg
@@ -419,8 +419,8 @@ def _parse_init(body: bytes) -> tuple[int | None, str, bool]:
     if not isinstance(backend, str):
         raise RequestError(400, "bad_backend", f"backend must be a string, got {backend!r}")
     auth = doc.get("auth")
-    if auth not in (None, spec.P2P_AUTH):
-        raise RequestError(400, "bad_auth", f'auth must be "{spec.P2P_AUTH}" or absent, got {auth!r}')
+    if auth not in (None, contract.P2P_AUTH):
+        raise RequestError(400, "bad_auth", f'auth must be "{contract.P2P_AUTH}" or absent, got {auth!r}')
     return port, backend, auth is not None
 
 
@@ -432,5 +432,5 @@ def _parse_seq(value: str | None) -> int | None:
     except ValueError:
         seq = -1
     if seq < 0:
-        raise RequestError(400, "bad_sequence", f"{spec.SEQUENCE_HEADER} must be a non-negative integer")
+        raise RequestError(400, "bad_sequence", f"{contract.SEQUENCE_HEADER} must be a non-negative integer")
     return seq

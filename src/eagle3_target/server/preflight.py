@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from eagle3_target.protocol.spec import default_aux_layer_ids, validate_aux_layer_ids
+from eagle3_target.protocol.model_info import default_aux_layer_ids, validate_aux_layer_ids
 
 # engine -> (module it needs, the extra that installs it)
 ENGINE_PACKAGES = {"sglang": ("sglang", "sglang"), "vllm": ("vllm", "vllm")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eagle3_target.protocol import wire
-from eagle3_target.protocol.spec import GENERATE_INPUT_KEYS, VOCAB_KEYS
+from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS, VOCAB_KEYS
 from eagle3_target.protocol.supervision import VocabMapping
 
 # A request blob has two or three entries; more than this is not a client we speak to, and a

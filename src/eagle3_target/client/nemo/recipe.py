@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..endpoints import EndpointError, default_spec, default_token, parse_specs
+from ..endpoints import EndpointError, default_spec, parse_specs, read_auth_token
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend, split_options
 
@@ -23,17 +23,6 @@ DEFAULT_WAIT_TIMEOUT = 60.0
 DEFAULT_SEED = 42  # NeMo's default recipe_args.shuffle_seed
 
 
-def read_token(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise EndpointError(f"remote_target.auth_token_file={path}: {exc}") from None
-    if not token:
-        raise EndpointError(f"remote_target.auth_token_file={path} is empty")
-    return token
-
-
 def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
     """NeMoTargetBackend's keyword arguments and the join wait, from the ``remote_target`` section."""
     options = dict(section)
@@ -41,7 +30,10 @@ def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
     parse_specs(endpoints if isinstance(endpoints, str) else ",".join(endpoints))  # fail before NeMo loads
     token_file = options.pop("auth_token_file", None)
     wait_timeout = float(options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
-    token = read_token(token_file) if token_file else default_token()
+    try:
+        token = read_auth_token(token_file)
+    except EndpointError as exc:
+        raise EndpointError(f"remote_target.auth_token_file={exc}" if token_file else str(exc)) from None
     split_options(options)  # a misspelt option fails here too
     return dict(endpoints=endpoints, auth_token=token, **options), wait_timeout
 

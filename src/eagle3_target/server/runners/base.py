@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
-from eagle3_target.protocol.spec import default_aux_layer_ids, validate_aux_layer_ids
+from eagle3_target.protocol.model_info import ModelInfo, default_aux_layer_ids, validate_aux_layer_ids
 
 # The embedded default target's name: what /model_info reports, and what `--model` (or an Eagle3Target's
 # spec.model, which cannot be empty) names it by.
@@ -59,19 +59,20 @@ class RunnerInfo:
         blob = json.dumps(self.config, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def model_info(self) -> dict[str, Any]:
-        """NeMo's four model_info keys first, then our extensions (a NeMo client ignores them)."""
-        return {
-            "num_hidden_layers": self.num_hidden_layers,
-            "hidden_size": self.hidden_size,
-            "vocab_size": self.vocab_size,
-            "aux_layer_ids": list(self.aux_layer_ids),
-            "model": self.model,
-            "engine": self.engine,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "config_digest": self.config_digest,
-            "encodings": list(self.encodings),
-        }
+    def model_info(self, **per_server) -> ModelInfo:
+        """What /model_info reports; ``per_server`` adds facts of this process (its p2p offer, ports)."""
+        return ModelInfo(
+            num_hidden_layers=self.num_hidden_layers,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            aux_layer_ids=tuple(self.aux_layer_ids),
+            model=self.model,
+            engine=self.engine,
+            dtype=str(self.dtype).removeprefix("torch."),
+            config_digest=self.config_digest,
+            encodings=self.encodings,
+            **per_server,
+        )
 
 
 class TargetRunner(Protocol):

@@ -1,0 +1,115 @@
+"""/model_info: the target a server runs, written by the server and read by every client.
+
+NeMo's four keys come first; our extensions follow and a stock NeMo server
+omits them (they read as None here). Identity is what must match across a
+fleet for a trainer to mix its servers' batches; names (model path, engine) and
+per-server facts (ports, the p2p offer) may differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+NEMO_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "aux_layer_ids")
+IDENTITY_KEYS = (*NEMO_KEYS, "dtype", "config_digest")
+
+
+class ModelInfoError(ValueError):
+    """A /model_info document that is not one."""
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's default low/mid/high recipe: [1, L//2 - 1, L - 4]."""
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def validate_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
+    ids = [int(i) for i in ids]
+    if len(ids) != 3 or len(set(ids)) != 3:
+        raise ValueError(f"aux_layer_ids must be three distinct layer ids, got {ids}")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"aux_layer_ids {bad} out of range for a model with {num_layers} layers")
+    return ids
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    num_hidden_layers: int
+    hidden_size: int  # 0 where the model's config lacks it (NeMo's rule)
+    vocab_size: int
+    aux_layer_ids: tuple[int, ...]
+    model: str | None = None
+    engine: str | None = None
+    dtype: str | None = None  # "bfloat16", "float32", ...: torch's name without "torch."
+    config_digest: str | None = None
+    encodings: tuple[str, ...] | None = None  # None: a server from before encodings (sends "nemo")
+    nccl_port: int | None = None  # NeMo's p2p rendezvous port, where the server fixes one
+    p2p: Mapping[str, Any] = field(default_factory=dict)  # the server's p2p offer: {"backend": ..., ...}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ModelInfo:
+        """Parse a /model_info body (already JSON-decoded); ModelInfoError names what is wrong."""
+        if not isinstance(doc, Mapping):
+            raise ModelInfoError(f"/model_info is not a JSON object: {doc!r:.200}")
+        missing = [k for k in NEMO_KEYS if k not in doc]
+        if missing:
+            raise ModelInfoError(f"/model_info lacks {', '.join(missing)}")
+        try:
+            known = {f.name for f in fields(cls)}
+            values = {k: v for k, v in doc.items() if k in known and v is not None}
+            for name in NEMO_KEYS[:3]:
+                values[name] = _int(values[name], name)
+            values["aux_layer_ids"] = tuple(_int(i, "aux_layer_ids") for i in values["aux_layer_ids"])
+            if "nccl_port" in values:
+                values["nccl_port"] = _int(values["nccl_port"], "nccl_port")
+            if "encodings" in values:
+                values["encodings"] = tuple(str(e) for e in values["encodings"])
+            if not isinstance(values.get("p2p", {}), Mapping):
+                raise ModelInfoError(f"/model_info p2p is not an object: {values['p2p']!r:.100}")
+            for name in ("model", "engine", "dtype", "config_digest"):
+                if name in values:
+                    values[name] = str(values[name])
+        except TypeError as exc:
+            raise ModelInfoError(f"/model_info has a malformed field: {exc}") from None
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """NeMo's four keys first, then ours; keys a server does not know are left out."""
+        doc: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in NEMO_KEYS or value not in (None, {}):
+                doc[f.name] = list(value) if isinstance(value, tuple) else value
+        if "p2p" in doc:
+            doc["p2p"] = dict(doc["p2p"])
+        return doc
+
+    def identity(self) -> dict[str, Any]:
+        """The identity keys this server reports (a stock NeMo server reports only NeMo's four)."""
+        return {k: getattr(self, k) for k in IDENTITY_KEYS if getattr(self, k) is not None}
+
+    def difference(self, other: ModelInfo) -> list[str]:
+        """One line per identity key both report with different values: empty when interchangeable."""
+        ours, theirs = self.identity(), other.identity()
+        return [
+            f"{k}: {_show(theirs[k])} (expected {_show(ours[k])})"
+            for k in IDENTITY_KEYS
+            if k in ours and k in theirs and ours[k] != theirs[k]
+        ]
+
+    def describe(self) -> str:
+        """The identity as one line, e.g. for grouping servers that disagree."""
+        return ", ".join(f"{k}={_show(v)}" for k, v in self.identity().items())
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelInfoError(f"/model_info {name} is not an integer: {value!r:.100}")
+    return value
+
+
+def _show(value: Any) -> str:
+    return str(list(value)) if isinstance(value, tuple) else str(value)
