@@ -26,7 +26,7 @@ import torch
 from aiohttp import web
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
-from eagle3_target.client.cli_bench import measure
+from eagle3_target.client.bench import measure
 
 
 def free_port(host: str) -> int:

@@ -20,7 +20,7 @@ import urllib.request
 import torch
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
-from eagle3_target.client.cli_bench import measure
+from eagle3_target.client.bench import measure
 
 
 def serve(port: int, hidden: int, vocab: int, device: str) -> None:

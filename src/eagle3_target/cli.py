@@ -1,13 +1,25 @@
-"""`eagle3-target <command>`: each command lives with its part and is imported only when run,
-so `eagle3-target operator` never imports torch."""
+"""`eagle3-target <command>`: the one command line of the server, the operator and the trainer-side tools.
+
+Each command's arguments live in a module that needs only the standard library, so `--help` and a rejected
+argument answer at once with the base install; the command's heavy imports (torch, aiohttp, kopf) happen in its
+run(). Expected failures are one line and an exit code from `eagle3_target.exits` (docs/cli.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 
+from . import __version__
+from .exits import CommandError, Exit
+
+DESCRIPTION = (
+    "Serve frozen EAGLE-3 target models as a fleet of HTTP servers, run the operator that manages them "
+    "on Kubernetes, and probe, benchmark and train EAGLE-3 drafts against them."
+)
 # command -> (module exposing add_arguments(parser) and run(args) -> int, help, the extra it needs)
 COMMANDS = {
     "serve": ("eagle3_target.server.cli", "run a target server", "server"),
@@ -30,43 +42,123 @@ COMMANDS = {
     ),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+# Import names whose distribution is named otherwise, for "X is not installed".
+DISTRIBUTIONS = {"dns": "dnspython", "yaml": "pyyaml", "nemo_automodel": "nemo-automodel"}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default unless the text already names one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        flag = action.nargs == 0  # store_true/false, help, version: no value to default
+        if flag or action.default in (None, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def add_logging_options(p: argparse.ArgumentParser, top_level: bool) -> None:
+    """--log-level and --log-format, before or after the command: after it, the value given before (or the
+    default) stays unless the option is given again."""
+    keep = {} if top_level else {"default": argparse.SUPPRESS}
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log threshold (default: INFO)",
+        **({"default": "INFO"} | keep),
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="text lines or one JSON object per line, on stderr (default: text)",
+        **({"default": "text"} | keep),
+    )
+
+
+def not_installed(command: str, exc: ModuleNotFoundError) -> CommandError:
+    top = (exc.name or "?").split(".")[0]
+    extra = COMMANDS[command][2]
+    return CommandError(
+        f"{DISTRIBUTIONS.get(top, top)} is not installed; pip install 'eagle3-target[{extra}]'",
+        Exit.NOT_INSTALLED,
+    )
 
 
 def load_command(name: str):
-    """The command's module; a missing dependency is one line naming the extra that installs it."""
-    module, _, extra = COMMANDS[name]
+    """The command's argument module (standard library only once every command's is import-light)."""
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(COMMANDS[name][0])
     except ModuleNotFoundError as exc:
-        sys.exit(
-            f"eagle3-target {name}: error: {exc.name} is not installed; pip install 'eagle3-target[{extra}]'"
-        )
+        raise not_installed(name, exc) from None
+
+
+def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object]:
+    """The parser, with the arguments of the chosen command only (its module is the one imported)."""
+    parser = argparse.ArgumentParser(
+        prog="eagle3-target", description=DESCRIPTION, formatter_class=HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_logging_options(parser, top_level=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    command = None
+    for name, (_, help_text, _) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        add_logging_options(sub, top_level=False)
+        if name == chosen:
+            command = load_command(name)
+            command.add_arguments(sub)
+    return parser, command
+
+
+def configure_logging(level: str, form: str) -> None:
+    # Logs go to stderr, so a command's stdout (probe --json) stays machine-readable.
+    handler = logging.StreamHandler()
+    text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(JsonFormatter() if form == "json" else text)
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle3-target", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="default INFO"
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if a in COMMANDS), None)
-    command = None
-    for name, (_, help_text, _) in COMMANDS.items():
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:  # import only the module of the command being run
-            command = load_command(name)
-            command.add_arguments(sub)
-    args, unknown = parser.parse_known_args(argv)
-    # A command that takes free-form overrides (train-draft: NeMo's --dotted.key=value) gets the
-    # arguments argparse does not know; every other command rejects them as usual.
-    if getattr(command, "ACCEPTS_OVERRIDES", False):
-        args.overrides = unknown
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    # Logs go to stderr, so a command's stdout (probe --json) stays machine-readable.
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return load_command(args.command).run(args)
+    try:
+        parser, command = build_parser(chosen)
+        args, unknown = parser.parse_known_args(argv)
+        # A command that takes free-form overrides (train-draft: NeMo's --dotted.key=value) gets the
+        # arguments argparse does not know; every other command rejects them as usual.
+        if getattr(command, "ACCEPTS_OVERRIDES", False):
+            args.overrides = unknown
+        elif unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        configure_logging(args.log_level, args.log_format)
+        return int(command.run(args))
+    except CommandError as exc:
+        print(f"eagle3-target {chosen}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("eagle3_target"):
+            raise
+        print(f"eagle3-target {chosen}: error: {not_installed(chosen, exc)}", file=sys.stderr)
+        return Exit.NOT_INSTALLED
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_probe_reports_a_rejected_token_as_unauthorized(farm, tmp_path, capsys):
 
 def test_probe_names_a_name_that_does_not_resolve(dns_server, capsys):
     code = main(["probe", f"dns://{SERVICE}", "--nameserver", dns_server.address, "--resolve-timeout", "0.3"])
-    assert code == 2
+    assert code == 4  # unreachable
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"dns://{SERVICE}:8001 did not resolve" in captured.err
@@ -108,7 +109,12 @@ def test_bench_prints_throughput(farm, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "2 servers" in out and "B=2 S=64 draft vocab 100, encoding hidden" in out
-    assert "batches/s" in out and "tokens/s" in out and "MB/s" in out and "(6 batches in" in out
+    assert "batches/s" in out and "tokens/s" in out and "(6 batches in" in out
+    decoded, wire = (
+        float(re.search(rf"{kind} ([\d.,]+) MB/s", out)[1].replace(",", "")) for kind in ("decoded", "wire")
+    )
+    share = int(re.search(r"\((\d+)% of decoded\)", out)[1])
+    assert 0 < wire < decoded and share == pytest.approx(100 * wire / decoded, abs=1.5), out
 
 
 def bench_process(*args: str, **popen) -> subprocess.Popen:
@@ -122,7 +128,7 @@ def test_bench_fails_fast_naming_an_unreachable_endpoint():
     proc = subprocess.run(
         [sys.executable, "-m", "eagle3_target.cli", "bench", dead], capture_output=True, text=True, timeout=60
     )
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 4 and proc.stdout == ""  # unreachable
     assert f"no target server is reachable: {dead}" in proc.stderr and "down" in proc.stderr
     assert time.monotonic() - started < 45  # the start timeout (120 s) is never waited out
 
@@ -160,5 +166,16 @@ def test_bench_shows_progress_on_a_terminal(farm):
         while chunk := os.read(controller, 65536):
             shown += chunk
     os.close(controller)
-    assert b"7/7" in shown and b"batch/s" in shown  # warm-up and timed batches, counted on stderr
+    # warm-up (3) and timed batches (4) on bars of their own, on stderr
+    assert b"warm-up: 100%" in shown and b"3/3" in shown and b"batches: 100%" in shown and b"4/4" in shown
     assert b"batch/s" not in proc.stdout.read()
+
+
+def test_bench_logs_progress_lines_without_a_terminal(farm):
+    url = farm.start("127.0.0.2")
+    proc = bench_process(url, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "INFO eagle3_target.client.bench: warm-up: 3/3 batches" in err
+    assert "INFO eagle3_target.client.bench: batches: 4/4 batches" in err
+    assert "batches/s" in out and "\r" not in err

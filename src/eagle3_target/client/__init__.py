@@ -1,12 +1,23 @@
 """Trainer-side client: finds target servers, spreads batches over them, and never loses one."""
 
-from eagle3_target.protocol.encodings import EncodingError
+from __future__ import annotations
 
-from .backend import BatchHandle, RemoteTargetBackend, TargetBatch
-from .connection import ServerConnection, ServerError
-from .dispatch import BatchFailedError, ModelMismatchError, PoolOptions
-from .endpoints import EndpointError
+import importlib
+from typing import TYPE_CHECKING
 
+# Imported on first use, so the CLI's import-light modules (cli_*.py) load without torch or aiohttp.
+_EXPORTS = {
+    "BatchFailedError": ".dispatch",
+    "BatchHandle": ".backend",
+    "EncodingError": "eagle3_target.protocol.encodings",
+    "EndpointError": ".endpoints",
+    "ModelMismatchError": ".dispatch",
+    "PoolOptions": ".dispatch",
+    "RemoteTargetBackend": ".backend",
+    "ServerConnection": ".connection",
+    "ServerError": ".connection",
+    "TargetBatch": ".backend",
+}
 __all__ = [
     "BatchFailedError",
     "BatchHandle",
@@ -19,3 +30,17 @@ __all__ = [
     "ServerError",
     "TargetBatch",
 ]
+
+if TYPE_CHECKING:
+    from eagle3_target.protocol.encodings import EncodingError
+
+    from .backend import BatchHandle, RemoteTargetBackend, TargetBatch
+    from .connection import ServerConnection, ServerError
+    from .dispatch import BatchFailedError, ModelMismatchError, PoolOptions
+    from .endpoints import EndpointError
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

@@ -7,17 +7,16 @@ they are checked for shape here and applied by NeMo's config parser.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .endpoints import EndpointError
+from eagle3_target.exits import CommandError, Exit
 
 # The top-level CLI hands the arguments it does not know to this command as args.overrides.
 ACCEPTS_OVERRIDES = True
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, type=Path, help="NeMo EAGLE-3 recipe YAML")
+    p.add_argument("--config", required=True, type=Path, help="NeMo EAGLE-3 recipe YAML (required)")
     p.epilog = "Any --dotted.key=value (or --dotted.key value) overrides that key of the YAML."
 
 
@@ -39,31 +38,28 @@ def override_argv(tokens: list[str]) -> list[str]:
     return overrides
 
 
-def fail(message: str) -> int:
-    print(f"eagle3-target train-draft: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         overrides = override_argv(getattr(args, "overrides", []))
     except ValueError as exc:
-        return fail(str(exc))
+        raise CommandError(str(exc), Exit.USAGE) from None
     if not args.config.is_file():
-        return fail(f"--config {args.config}: no such file")
+        raise CommandError(f"--config {args.config}: no such file", Exit.USAGE)
     try:
         from .nemo import TrainEagle3Recipe  # first: its ImportError says what to install
         from .nemo._imports import nemo_module
     except ImportError as exc:
-        return fail(str(exc))
+        raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     import yaml  # NeMo's own YAML library
+
+    from .endpoints import EndpointError
 
     parser = nemo_module("components.config._arg_parser")
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
         recipe = TrainEagle3Recipe(cfg)
     except (EndpointError, ValueError, yaml.YAMLError) as exc:
-        return fail(" ".join(str(exc).split()))
+        raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
     recipe.setup()
     recipe.run_train_validation_loop()
     return 0

@@ -21,14 +21,13 @@ import torch
 from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.model_info import ModelInfo
+from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.transport import GLOO, NCCL, PeerGroup, TransferError
 
 from .connection import ServerConnection, ServerError
 
 log = logging.getLogger(__name__)
 Answer = tuple[Mapping[str, str], dict[str, torch.Tensor | None]]  # reply headers, tensors
-
-DATA_PATHS = ("auto", "wire", "p2p")
 
 
 class P2PUnavailable(RuntimeError):

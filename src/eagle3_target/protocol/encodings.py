@@ -23,15 +23,13 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from .choices import AUTO, ENCODINGS, HIDDEN, LOGITS, NEMO
+from .choices import ENCODING_CHOICES as CHOICES
 from .model_info import ModelInfo
 from .supervision import VocabMapping, assemble, build_supervision, draft_logits_tail, position_mask
 from .wire import WireError
 
-NEMO, LOGITS, HIDDEN = "nemo", "logits", "hidden"
-ENCODINGS = (NEMO, LOGITS, HIDDEN)
 EXACT_ENCODINGS = (NEMO, LOGITS)  # what a target with logit post-processing offers
-AUTO = "auto"
-CHOICES = (AUTO, *ENCODINGS)
 
 Expected = dict[str, tuple[torch.dtype | None, tuple[int, ...]]]
 
