@@ -8,7 +8,7 @@ import sys
 
 from eagle3_target.protocol.encodings import EncodingError
 
-from ..cli_probe import read_token
+from ..probe import read_token
 from ..connection import ServerError
 from ..dispatch import BatchFailedError, ModelMismatchError
 from ..endpoints import EndpointError
