@@ -19,9 +19,9 @@ from collections.abc import Mapping
 import torch
 
 from eagle3_target.protocol import contract, wire
+from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.model_info import ModelInfo
-from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.transport import GLOO, NCCL, PeerGroup, TransferError
 
 from .connection import ServerConnection, ServerError

@@ -8,10 +8,10 @@ import sys
 
 from eagle3_target.protocol.encodings import EncodingError
 
-from ..probe import read_token
 from ..connection import ServerError
 from ..dispatch import BatchFailedError, ModelMismatchError
 from ..endpoints import EndpointError
+from ..probe import read_token
 from .options import UsageError, add_arguments, check
 
 __all__ = ["add_arguments", "run"]
