@@ -1,0 +1,109 @@
+"""Runs as a cluster would see them: workers in processes of their own writing one cache to a real S3
+API (moto's server on loopback), a worker SIGKILLed mid-run and resumed, progress and counters."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import fsspec
+import pytest
+from moto.server import ThreadedMotoServer
+from target_support import free_port
+
+from .precompute_support import argv, cache_files, precompute, precompute_process
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A moto S3 server on loopback; the env that points fsspec (s3fs) at it."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {**S3_ENV, "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fs = fsspec.filesystem("s3", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"], skip_instance_cache=True)
+    fs.mkdir("cache")
+    try:
+        yield fs, env
+    finally:
+        server.stop()
+
+
+def test_two_worker_processes_write_to_s3_the_cache_one_writes_locally(hf_server, target, tmp_path, s3):
+    fs, env = s3
+    assert precompute(*argv(hf_server.url, tmp_path / "one", *target)) == 0
+    # Worker index and count from the env, as an Indexed Job's pods get them.
+    workers = [
+        precompute_process(
+            *argv(hf_server.url, "s3://cache/run", *target),
+            env={**env, "JOB_COMPLETION_INDEX": str(i), "EAGLE3_TARGET_WORKER_COUNT": "2"},
+        )
+        for i in range(2)
+    ]
+    outputs = [w.communicate(timeout=240) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    # Shard s belongs to worker s mod 2: shards 0 and 2 to the first, shard 1 to the second.
+    assert [out.strip().splitlines()[-1].split(":")[1].split(",")[:2] for out, _ in outputs] == [
+        [" 8 samples", " 2 shards"],
+        [" 4 samples", " 1 shards"],
+    ]
+    stored = {p.rsplit("/", 1)[-1]: fs.cat(p) for p in fs.ls("cache/run", detail=False, refresh=True)}
+    assert stored == cache_files(tmp_path / "one")
+
+
+def test_a_sigkilled_worker_leaves_whole_shards_and_resumes_to_the_same_bytes(slow_fleet, target, tmp_path):
+    server, model = slow_fleet
+    chats = target[1]
+    flags = ["--skip-config-digest"]
+    assert precompute(*argv(server.url, tmp_path / "whole", model, chats, *flags)) == 0
+    reference = cache_files(tmp_path / "whole")
+    killed = tmp_path / "killed"
+    worker = precompute_process(*argv(server.url, killed, model, chats, *flags))
+    deadline = time.monotonic() + 240
+    while not (killed / "shard-000000.safetensors").exists():
+        assert worker.poll() is None, worker.communicate()[1][-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.send_signal(signal.SIGKILL)
+    assert worker.wait(30) == -signal.SIGKILL
+    left = cache_files(killed)
+    shards = [name for name in left if name.startswith("shard-")]
+    assert 1 <= len(shards) < 3, "killed after the first shard and before the last"
+    assert all(left[name] == reference[name] for name in left), "every file is whole, or absent"
+
+    metrics = tmp_path / "precompute.prom"
+    resumed = argv(server.url, killed, model, chats, *flags, "--resume", "--metrics-file", str(metrics))
+    assert precompute(*resumed) == 0
+    assert cache_files(killed) == reference
+    counters = dict(
+        line.rsplit(" ", 1) for line in metrics.read_text().splitlines() if not line.startswith("#")
+    )
+    remaining = 3 - len(shards)
+    assert float(counters["eagle3_precompute_shards_total"]) == remaining
+    assert float(counters["eagle3_precompute_samples_total"]) == 4 * remaining
+    assert float(counters["eagle3_precompute_bytes_total"]) == sum(
+        len(reference[f"shard-{i:06d}.safetensors"]) for i in range(3 - remaining, 3)
+    )
+
+
+def test_resume_refuses_a_cache_made_with_other_settings(slow_fleet, target, tmp_path, capsys):
+    server, model = slow_fleet
+    first = argv(server.url, tmp_path, model, target[1], "--skip-config-digest")
+    assert precompute(*first) == 0
+    before = cache_files(tmp_path)
+    capsys.readouterr()
+    assert precompute(*first, "--resume", "--shuffle-seed", "7") == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(
+        f"eagle3-target precompute: error: {tmp_path} holds a cache made with other settings"
+    )
+    assert "['shuffle_seed']" in last
+    assert cache_files(tmp_path) == before
