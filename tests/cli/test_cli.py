@@ -32,7 +32,7 @@ EXTRAS_MODULES = (
 )
 # Commands whose argument module still imports its heavy work (being made import-light by their owners);
 # strict, so the marker has to go once it passes.
-PENDING = {"serve", "precompute"}
+PENDING = {"serve"}
 EVERY_COMMAND = [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=f"{c}'s arguments still import torch"))
     if c in PENDING

@@ -1,5 +1,5 @@
-"""The command's flags are NeMo's (same names, same defaults), and bad input is one line with status 2
-before any work: nothing is written, no model or dataset is loaded."""
+"""The command's flags are NeMo's (same names, same defaults), and bad input is one line before any work
+(status 2; an unreachable fleet 4, as for every command): nothing is written, no dataset is loaded."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from nemo_automodel.components.speculative import precompute_eagle3
 from target_support import free_port
 
 from eagle3_target.client.precompute.options import add_arguments
+from eagle3_target.exits import Exit
 
 from .precompute_support import argv, cache_files, precompute
 
@@ -73,7 +74,7 @@ def test_an_output_directory_with_shards_and_no_resume(target, tmp_path, capsys)
 
 def test_an_empty_fleet(target, tmp_path, capsys):
     url = closed_port()
-    assert precompute(*argv(url, tmp_path / "out", *target, "--start-timeout", "2")) == 2
+    assert precompute(*argv(url, tmp_path / "out", *target, "--start-timeout", "2")) == Exit.UNREACHABLE
     assert one_error_line(capsys).startswith(f"no target server became ready within 2s: {url} ")
     assert not (tmp_path / "out").exists()
 

@@ -1,41 +1,53 @@
 """`eagle3-target precompute --endpoints SPEC --target-model M --input-data D --output-dir DIR [...]`:
-NeMo's offline EAGLE-3 cache, written by the target fleet (docs/precompute.md)."""
+NeMo's offline EAGLE-3 cache, written by the target fleet (docs/precompute.md).
+
+This module imports only the standard library until run(), so help and bad arguments answer at once."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from contextlib import contextmanager
 
-from eagle3_target.protocol.encodings import EncodingError
+from eagle3_target.exits import CommandError, Exit
 
-from ..connection import ServerError
-from ..dispatch import BatchFailedError, ModelMismatchError
-from ..endpoints import EndpointError
-from ..probe import read_token
-from .options import UsageError, add_arguments, check
+from .options import add_arguments, check
 
 __all__ = ["add_arguments", "run"]
 
-# The fleet could not be used at all: said in one line, like bad input, before any shard.
-FLEET_ERRORS = (EndpointError, EncodingError, ModelMismatchError, ServerError, BatchFailedError)
 
+@contextmanager
+def fleet_errors():
+    """The fleet's failures as one line each, with the exit code every command gives them (docs/cli.md)."""
+    from eagle3_target.protocol.encodings import EncodingError
 
-def fail(message: str) -> int:
-    print(f"eagle3-target precompute: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
+    from ..connection import ServerError
+    from ..dispatch import BatchFailedError, ModelMismatchError
+    from ..endpoints import EndpointError
+
+    try:
+        yield
+    except (EndpointError, BatchFailedError) as exc:
+        raise CommandError(str(exc), Exit.UNREACHABLE) from None
+    except ServerError as exc:
+        unauthorized = exc.status in (401, 403)
+        raise CommandError(str(exc), Exit.UNAUTHORIZED if unauthorized else Exit.FAILED) from None
+    except (ModelMismatchError, EncodingError) as exc:
+        raise CommandError(str(exc), Exit.USAGE) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        check(args)
-        token = read_token(args.auth_token_file)
-    except (UsageError, OSError, EndpointError) as exc:
-        return fail(str(exc))
-    try:
-        from .runner import precompute  # NeMo's dataset code: imported once the arguments are known good
+    check(args)
+    from ..probe import endpoint_specs, read_token
 
-        summary = precompute(args, token)
-    except (UsageError, ImportError, *FLEET_ERRORS) as exc:
-        return fail(str(exc))
-    print(summary)
+    token = read_token(args.auth_token_file)
+    endpoint_specs(args.endpoints)  # a bad spec, or none and no $EAGLE3_TARGET_SERVICE: a usage error
+    from .runner import precompute  # a missing package: the CLI's one line names it and the extra
+
+    with fleet_errors():
+        try:
+            print(precompute(args, token))
+        except ImportError as exc:
+            if isinstance(exc, ModuleNotFoundError):
+                raise
+            raise CommandError(str(exc), Exit.NOT_INSTALLED) from None  # NeMo's: it names the install
     return 0

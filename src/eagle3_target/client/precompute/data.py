@@ -26,10 +26,14 @@ class Dataset:
         return len(self.loader.dataset)
 
 
+def nemo_modules():
+    """NeMo's tokenizer and EAGLE-3 dataset modules; without NeMo an ImportError naming the install."""
+    return nemo_module("_transformers.auto_tokenizer"), nemo_module("components.datasets.llm.eagle3")
+
+
 def load(args: argparse.Namespace, target_vocab_size: int) -> Dataset:
     """Tokenize as NeMo's precompute does and scan the whole dataset once for the draft vocabulary."""
-    tokenizer_module = nemo_module("_transformers.auto_tokenizer")
-    eagle3 = nemo_module("components.datasets.llm.eagle3")
+    tokenizer_module, eagle3 = nemo_modules()
     tokenizer = tokenizer_module.NeMoAutoTokenizer.from_pretrained(
         args.target_model, trust_remote_code=args.trust_remote_code
     )

@@ -1,5 +1,6 @@
 """The precompute command's flags: NeMo's ``precompute_eagle3`` flags with NeMo's meaning and defaults,
-then the fleet's (client) options and ours (workers, progress); plus the checks made before any work."""
+then the fleet's (client) options and ours (workers, progress); plus the checks made before any work.
+Standard library only, so help and argument errors answer at once (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from eagle3_target.protocol import encodings
-
-from .cache import DTYPES
+from eagle3_target.exits import CommandError, Exit
+from eagle3_target.protocol.choices import AUTO, ENCODING_CHOICES, HIDDEN
 
 WORKER_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
 WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Job template sets it)
@@ -18,15 +18,14 @@ WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Jo
 LOCAL_DATA = re.compile(r"^(/|\.|~)|\.(jsonl?|parquet|arrow|csv)$")
 
 
-class UsageError(ValueError):
+DTYPE_NAMES = ("bf16", "fp16", "fp32")  # NeMo's cache dtypes (eagle3_cache.DTYPE_MAP)
+
+
+class UsageError(CommandError):
     """Bad input, reported as one line with exit status 2 before any work."""
 
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+    def __init__(self, message: str):
+        super().__init__(message, Exit.USAGE)
 
 
 def env_int(name: str, default: int) -> int:
@@ -64,7 +63,9 @@ def add_nemo_arguments(p: argparse.ArgumentParser) -> None:
         default=256,
         help="samples per shard, a multiple of --batch-size (default 256)",
     )
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="cache float dtype (default bf16)")
+    p.add_argument(
+        "--dtype", default="bf16", choices=sorted(DTYPE_NAMES), help="cache float dtype (default bf16)"
+    )
     p.add_argument("--num-workers", type=int, default=0, help="dataloader workers (default 0)")
     p.add_argument("--split", default=None, help="HF dataset split (slice syntax allowed)")
     p.add_argument("--shuffle-seed", type=int, default=42, help="dataset ingestion shuffle seed (default 42)")
@@ -85,7 +86,9 @@ def add_nemo_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exclude each assistant turn's template prefix from the loss mask",
     )
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument(
+        "--trust-remote-code", action="store_true", help="let the tokenizer run code from the model's repo"
+    )
     p.add_argument("--resume", action="store_true", help="keep the shards already written, compute the rest")
 
 
@@ -95,8 +98,8 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth-token-file", type=Path, help="default: $EAGLE3_TARGET_AUTH_TOKEN_FILE")
     p.add_argument(
         "--encoding",
-        default=encodings.AUTO,
-        choices=encodings.CHOICES,
+        default=AUTO,
+        choices=ENCODING_CHOICES,
         help="reply encoding (default auto: logits or nemo, both exact; hidden needs --allow-approximate)",
     )
     p.add_argument(
@@ -178,7 +181,7 @@ def check(args: argparse.Namespace) -> None:
             f"--worker-index {args.worker_index} is outside 0..{args.worker_count - 1} (--worker-count)",
         ),
         (
-            args.encoding != "hidden" or args.allow_approximate,
+            args.encoding != HIDDEN or args.allow_approximate,
             "--encoding hidden gives approximate target_probs, not NeMo's; add --allow-approximate to accept that",
         ),
     ]

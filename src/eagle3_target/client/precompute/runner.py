@@ -57,6 +57,7 @@ def check_model(info: dict[str, Any], config, args: argparse.Namespace) -> list[
 
 
 def connect(args: argparse.Namespace, token: str | None) -> RemoteTargetBackend:
+    """The fleet, every server found given ``--start-timeout`` to join (prefetch depth counts them)."""
     options = PoolOptions(
         request_timeout=args.request_timeout,
         deadline=args.deadline,
@@ -144,6 +145,7 @@ def precompute(args: argparse.Namespace, token: str | None) -> str:
 
     store = CacheStore(args.output_dir)
     present = check_output(store, args)
+    data.nemo_modules()  # NeMo missing: said before the fleet is asked anything
     config = AutoConfig.from_pretrained(args.target_model, trust_remote_code=args.trust_remote_code)
     config = config.get_text_config()
     with connect(args, token) as backend:
