@@ -12,6 +12,10 @@ same into a fresh buffer per transfer, as a receiver that keeps the data must do
 nemo-automodel is installed, NeMo's own client (requests, reading the body in 10 KiB pieces and
 decoding with copies) is timed against the same server for comparison.
 
+Peak client RSS: a fresh client process warms up on a 16-token reply, then receives one full
+reply and holds its tensors; its VmHWM (reset after the warm-up) minus its RSS before the reply,
+for our client (``read_tensors``) and, where installed, NeMo's.
+
 With --encoding, each supervision encoding named is fetched from the same server in turn; a
 second table gives bytes per token and tokens/s per encoding, next to raw TCP moving the "nemo"
 reply's bytes. Tokens/s counts the transfer only: turning "logits" or "hidden" into target_probs
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import time
@@ -30,7 +35,7 @@ import time
 import aiohttp
 import torch
 
-from eagle3_target.client.connection import parse_server_timing, read_body
+from eagle3_target.client.connection import parse_server_timing, read_tensors
 from eagle3_target.protocol import encodings, wire
 from eagle3_target.protocol.contract import ENCODING_HEADER
 
@@ -107,14 +112,7 @@ async def http_generate(
     ids = torch.randperm(shape["vocab"])[: shape["draft"]]
     mask = torch.zeros(shape["vocab"], dtype=torch.bool)
     mask[ids] = True
-    input_ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
-    request = wire.encode(
-        {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones_like(input_ids),
-            "loss_mask": torch.ones_like(input_ids),
-        }
-    )
+    request = _generate_request(shape, shape["seq"])
     dims = shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
     results = {name: (0, [], []) for name in names}
     async with aiohttp.ClientSession(trust_env=False) as http:
@@ -133,19 +131,78 @@ async def http_generate(
                     f"{url}/generate", data=request, headers={ENCODING_HEADER: name}
                 ) as resp:
                     assert resp.status == 200, await resp.text()
-                    body = await read_body(resp)
+                    out = await read_tensors(resp)
                     timing = parse_server_timing(resp.headers["Server-Timing"])
-                out = wire.decode(body)
                 elapsed = time.perf_counter() - start
                 encodings.check(out, encodings.expected(name, *dims))
                 _, rounds, transfers = results[name]
                 rounds.append(elapsed)
                 transfers.append(elapsed - sum(timing[p] for p in COMPUTE_PHASES))
-                results[name] = len(body), rounds, transfers
-                del out, body
+                results[name] = resp.content_length, rounds, transfers
+                del out
     return {
         name: (nbytes, rounds[1:], transfers[1:]) for name, (nbytes, rounds, transfers) in results.items()
     }
+
+
+def _generate_request(shape: dict, seq: int) -> bytes:
+    input_ids = torch.randint(0, shape["vocab"], (shape["batch"], seq))
+    ones = torch.ones_like(input_ids)
+    return wire.encode({"input_ids": input_ids, "attention_mask": ones, "loss_mask": ones})
+
+
+def _memory_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _rss_child(url: str, shape: dict, client: str, results) -> None:
+    """In a fresh process: warm up on a 16-token reply, then the peak RSS above that baseline while one
+    full reply is received and held as tensors."""
+
+    def fetch_nemo(request: bytes):
+        import requests
+        from nemo_automodel.components.speculative.eagle.remote import wire as nemo_wire
+
+        with requests.Session() as session:
+            session.trust_env = False
+            resp = session.post(f"{url}/generate", data=request, timeout=300)
+            resp.raise_for_status()
+            return nemo_wire.decode(resp.content, map_location="cpu")
+
+    async def fetch_ours(request: bytes):
+        async with (
+            aiohttp.ClientSession(trust_env=False) as http,
+            http.post(f"{url}/generate", data=request) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            return await read_tensors(resp)
+
+    def fetch(seq: int):
+        request = _generate_request(shape, seq)
+        return fetch_nemo(request) if client == "nemo" else asyncio.run(fetch_ours(request))
+
+    fetch(16)
+    baseline = _memory_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # resets VmHWM to the current RSS
+    reply = fetch(shape["seq"])
+    results.put((baseline, _memory_kb("VmHWM"), sum(t.numel() * t.element_size() for t in reply.values())))
+
+
+def client_peak_rss(url: str, shape: dict, client: str) -> tuple[int, int] | None:
+    """(peak RSS above baseline, tensor bytes held) in bytes for one reply; None without NeMo's client."""
+    if client == "nemo":
+        try:
+            import nemo_automodel.components.speculative.eagle.remote.wire  # noqa: F401
+        except ImportError:
+            return None
+    results = mp.Queue()
+    child = mp.Process(target=_rss_child, args=(url, shape, client, results))
+    child.start()
+    baseline, peak, held = results.get(timeout=300)
+    child.join(30)
+    return (peak - baseline) * 1024, held
 
 
 def nemo_client_transfer_seconds(url: str, shape: dict, repeats: int) -> list[float] | None:
@@ -157,14 +214,7 @@ def nemo_client_transfer_seconds(url: str, shape: dict, repeats: int) -> list[fl
         return None
     session = requests.Session()
     session.trust_env = False
-    input_ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
-    request = wire.encode(
-        {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones_like(input_ids),
-            "loss_mask": torch.ones_like(input_ids),
-        }
-    )
+    request = _generate_request(shape, shape["seq"])
     # The session is named by the peer address, which the aiohttp client above shares: the mapping is set.
     transfers = []
     for _ in range(repeats + 1):
@@ -190,12 +240,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     mp.set_start_method("spawn")
-    print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, medians")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, load average {load}; medians")
     print(
         f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
         f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19}"
     )
-    per_encoding = []
+    per_encoding, rss = [], []
     for name in args.shapes:
         shape, repeats = SHAPES[name], args.repeats or DEFAULT_REPEATS[name]
         ports = mp.Queue()
@@ -207,6 +258,9 @@ def main() -> None:
             measured = asyncio.run(http_generate(url, shape, repeats, names))
             nbytes, rounds, transfers = measured[encodings.NEMO]
             nemo = nemo_client_transfer_seconds(url, shape, max(3, repeats // 3))
+            rss.append(
+                (name, nbytes, client_peak_rss(url, shape, "ours"), client_peak_rss(url, shape, "nemo"))
+            )
         finally:
             server.kill()
         tcp = statistics.median(raw_tcp_seconds(nbytes, repeats))
@@ -227,6 +281,15 @@ def main() -> None:
                 size, _, times = measured[encoding]
                 tps = tokens / statistics.median(times)
                 per_encoding.append((name, encoding, size / tokens, tps, tps / nemo_tps, tps / tcp_tps))
+    print(
+        f"\n{'shape':6} {'MB/resp':>8} {'client peak RSS MB':>19} {'x resp':>7} {'NeMo client MB':>15} {'x resp':>7}"
+    )
+    for name, nbytes, ours, nemo in rss:
+        nemo_mb, nemo_x = (nemo[0] / 1e6, nemo[0] / nbytes) if nemo else (float("nan"),) * 2
+        print(
+            f"{name:6} {nbytes / 1e6:8.1f} {ours[0] / 1e6:19.1f} {ours[0] / nbytes:7.2f} "
+            f"{nemo_mb:15.1f} {nemo_x:7.2f}"
+        )
     if per_encoding:
         print(f"\n{'shape':6} {'encoding':9} {'B/token':>9} {'tokens/s':>10} {'x nemo':>7} {'x raw TCP':>10}")
         for name, encoding, per_token, tps, vs_nemo, vs_tcp in per_encoding:

@@ -1,3 +1,4 @@
+import asyncio
 import contextlib
 import struct
 
@@ -122,6 +123,62 @@ def _entry(key: bytes, code: int, shape: list[int], nbytes: int, data: bytes = b
 def test_hostile_buffers_raise_one_clear_error(blob, message):
     with pytest.raises(WireError, match=message):
         decode(bytearray(blob))
+    with pytest.raises(WireError, match=message):
+        read_streamed(blob)
+
+
+class _Chunks:
+    """A wire.ByteSource over bytes that hands out at most ``chunk`` bytes per read, like a socket."""
+
+    def __init__(self, blob: bytes, chunk: int):
+        self.blob, self.chunk, self.pos = memoryview(blob), chunk, 0
+        self.reads = 0
+
+    async def readinto(self, view: memoryview) -> None:
+        filled = 0
+        while filled < len(view):
+            piece = self.blob[self.pos : self.pos + min(self.chunk, len(view) - filled)]
+            if not piece:
+                raise EOFError("stream ended")
+            view[filled : filled + len(piece)] = piece
+            filled += len(piece)
+            self.pos += len(piece)
+            self.reads += 1
+
+
+def read_streamed(blob: bytes, chunk: int = 7, **kwargs):
+    return asyncio.run(wire.read_blob(_Chunks(blob, chunk), len(blob), **kwargs))
+
+
+def test_read_blob_fills_one_fresh_tensor_per_entry():
+    big = torch.arange(1 << 20, dtype=torch.float32)
+    sent = {"big": big, "ids": torch.tensor([7, -1]), "none": None, "empty": torch.zeros(0, 3)}
+    out = read_streamed(encode(sent), chunk=65536)
+    assert list(out) == list(sent) and out["none"] is None
+    for key in ("big", "ids", "empty"):
+        assert out[key].dtype == sent[key].dtype and torch.equal(out[key], sent[key])
+    assert out["big"].data_ptr() != out["ids"].data_ptr()
+    out["big"][0] = 5.0  # writable, and its own storage
+    assert big[0] == 0.0
+
+
+def test_read_blob_refuses_a_tensor_larger_than_the_body_before_allocating():
+    source = _Chunks(wire.MAGIC_BYTES + _entry(b"x", 0, [1 << 38], 1 << 40), 4096)
+    with pytest.raises(WireError, match="truncated blob: data of 'x' needs 1099511627776 bytes"):
+        asyncio.run(wire.read_blob(source, len(source.blob)))
+
+
+def test_read_blob_reads_no_further_than_the_declared_size():
+    blob = encode({"a": torch.arange(3)})
+    source = _Chunks(blob + b"trailing bytes of the next message", 5)
+    assert asyncio.run(wire.read_blob(source, len(blob)))["a"].tolist() == [0, 1, 2]
+    assert source.pos == len(blob)
+
+
+def test_read_blob_max_entries():
+    blob = wire.MAGIC_BYTES + b"".join(struct.pack("<I", 1) + b"k" + b"\x01" for _ in range(20))
+    with pytest.raises(WireError, match="more than 16 entries"):
+        read_streamed(blob, max_entries=16)
 
 
 def test_max_entries_bounds_the_work_on_a_blob_of_tiny_entries():
@@ -159,13 +216,14 @@ _tensors = st.builds(
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), st.one_of(st.none(), _tensors), max_size=4))
 def test_round_trip_property(tensors):
-    out = decode(bytearray(encode(tensors)))
-    assert list(out) == list(tensors)
-    for key, value in tensors.items():
-        if value is None:
-            assert out[key] is None
-        else:
-            assert out[key].dtype == value.dtype and torch.equal(out[key], value)
+    blob = encode(tensors)
+    for out in (decode(bytearray(blob)), read_streamed(blob)):
+        assert list(out) == list(tensors)
+        for key, value in tensors.items():
+            if value is None:
+                assert out[key] is None
+            else:
+                assert out[key].dtype == value.dtype and torch.equal(out[key], value)
 
 
 _VALID = encode(
@@ -182,12 +240,13 @@ def test_fuzzed_buffers_decode_or_raise_wire_error(data):
         pos = data.draw(st.integers(0, len(blob) - 1))
         blob[pos] = data.draw(st.integers(0, 255))
     blob = blob[: data.draw(st.integers(0, len(blob)))] + data.draw(st.binary(max_size=16))
-    try:
-        out = decode(blob)
-    except WireError:
-        return
-    for value in out.values():
-        assert value is None or value.numel() * value.element_size() <= len(blob)
+    for read in (decode, read_streamed):
+        try:
+            out = read(bytes(blob))
+        except WireError:
+            continue
+        for value in out.values():
+            assert value is None or value.numel() * value.element_size() <= len(blob)
 
 
 @settings(max_examples=300, deadline=None)

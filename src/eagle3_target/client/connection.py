@@ -77,6 +77,30 @@ async def read_body(response: aiohttp.ClientResponse) -> bytearray:
     return body
 
 
+class _BodySource:
+    """A response body as a wire.ByteSource: aiohttp's received chunks copied once, into their final place."""
+
+    def __init__(self, response: aiohttp.ClientResponse):
+        self.content = response.content
+
+    async def readinto(self, view: memoryview) -> None:
+        filled = 0
+        while filled < len(view):
+            chunk = await self.content.read(len(view) - filled)
+            if not chunk:
+                raise aiohttp.ClientPayloadError(f"body ended {len(view) - filled} bytes early")
+            view[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+
+
+async def read_tensors(response: aiohttp.ClientResponse, pin_memory: bool = False) -> dict[str, Any]:
+    """A wire-blob body as tensors, each read into its own storage as it arrives (wire.read_blob)."""
+    size = response.content_length
+    if size is None:  # no length to bound the allocations by: take the body first
+        return wire.decode(await read_body(response))
+    return await wire.read_blob(_BodySource(response), size, pin_memory=pin_memory)
+
+
 @dataclass(frozen=True)
 class Reply:
     """A checked /generate reply: the tensors of ``encoding`` (encodings.decode turns them into supervision)."""
@@ -108,6 +132,7 @@ class ServerConnection:
         self.info: ModelInfo | None = None  # /model_info, read once per join
         self.encoding = encodings.NEMO  # negotiated at join
         self.p2p = None  # a p2p.P2PChannel, attached at join when the point-to-point path is negotiated
+        self.pin_memory = torch.cuda.is_available()  # replies are received into pinned memory for the GPU
 
     def __repr__(self) -> str:
         return f"ServerConnection({self.url})"
@@ -120,16 +145,31 @@ class ServerConnection:
         headers: dict[str, str] | None = None,
     ):
         """POST and return the response with its body read; raise ServerError on non-2xx."""
+        async with self._posting(path, body, timeout, headers) as response:
+            return response, await read_body(response)
+
+    async def post_tensors(
+        self,
+        path: str,
+        body: bytes = b"",
+        timeout: aiohttp.ClientTimeout | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        """POST and return the response with its wire-blob body read into tensors (``read_tensors``)."""
+        async with self._posting(path, body, timeout, headers) as response:
+            return response, await read_tensors(response, self.pin_memory)
+
+    @contextlib.asynccontextmanager
+    async def _posting(self, path: str, body: bytes, timeout: aiohttp.ClientTimeout | None, headers):
         async with self.http.post(
             f"{self.url}/{path}",
             data=body,
             headers={**self.headers, "Content-Type": "application/octet-stream", **(headers or {})},
             timeout=timeout or self.timeout,
         ) as response:
-            payload = await read_body(response)
             if response.status >= 300:
-                raise _server_error(self.url, path, response.status, payload)
-            return response, payload
+                raise _server_error(self.url, path, response.status, await read_body(response))
+            yield response
 
     async def post_json(self, path: str, body: bytes = b"") -> dict[str, Any]:
         _, payload = await self.post(path, body)
@@ -163,10 +203,9 @@ class ServerConnection:
 
     async def lm_head(self, draft_vocab: int) -> torch.Tensor:
         """The lm_head rows of our draft vocabulary [Vd, H] (our extension, for the "hidden" encoding)."""
-        _, payload = await self.post(
+        _, tensors = await self.post_tensors(
             contract.LM_HEAD, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
         )
-        tensors = wire.decode(payload)
         want = {"weight": (self._dtype(), (draft_vocab, self.info.hidden_size))}
         encodings.check(tensors, want)
         return tensors["weight"]
@@ -181,10 +220,10 @@ class ServerConnection:
 
     async def input_embeddings(self) -> torch.Tensor:
         # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
-        _, payload = await self.post(
+        _, tensors = await self.post_tensors(
             contract.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
         )
-        weight = wire.decode(payload).get("weight")
+        weight = tensors.get("weight")
         if weight is None:
             raise wire.WireError(f"{self.url}/{contract.INPUT_EMBEDDINGS}: response has no 'weight'")
         return weight
@@ -207,13 +246,13 @@ class ServerConnection:
         answer = None if self.p2p is None else await self.p2p.generate(self, request, headers)
         if answer is None:
             try:
-                response, payload = await self.post(contract.GENERATE, request, headers=headers)
+                response, tensors = await self.post_tensors(contract.GENERATE, request, headers=headers)
             except ServerError as exc:
                 if exc.status != 409 or exc.error != "no_vocab_mapping" or self.vocab_blob is None:
                     raise
                 await self.set_vocab_mapping()
-                response, payload = await self.post(contract.GENERATE, request, headers=headers)
-            answer = response.headers, wire.decode(payload)
+                response, tensors = await self.post_tensors(contract.GENERATE, request, headers=headers)
+            answer = response.headers, tensors
         reply_headers, tensors = answer
         sent = reply_headers.get(contract.ENCODING_HEADER, encodings.NEMO)
         if sent != self.encoding:

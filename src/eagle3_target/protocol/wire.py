@@ -8,6 +8,9 @@ Encoding yields the header bytes and zero-copy views of the tensor storage, so
 a 300 MB response is never joined into one buffer. Decoding validates every
 length against the buffer before touching it and returns views into it: a
 hostile buffer can make it raise ``WireError`` but never allocate or crash.
+``read_blob`` decodes from a stream instead: each tensor is allocated from its
+header (never beyond the declared body size) and its bytes are read straight
+into that storage, so a receiver holds the reply once and never as one buffer.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import torch
 
@@ -168,21 +172,10 @@ def decode(
         if flags & _FLAG_NONE:
             out[key] = None
             continue
-        code = reader.u8(f"dtype of {key!r}")
-        dtype = CODE_TO_DTYPE.get(code)
-        if dtype is None:
-            raise WireError(f"unknown dtype code {code} for {key!r}")
+        dtype = _dtype(key, reader.u8(f"dtype of {key!r}"))
         ndim = reader.u8(f"ndim of {key!r}")
         shape = struct.unpack(f"<{ndim}q", reader.take(8 * ndim, f"shape of {key!r}"))
-        if any(d < 0 for d in shape):
-            raise WireError(f"negative dimension in shape {list(shape)} of {key!r}")
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        expected = math.prod(shape) * itemsize
-        nbytes = reader.u64(f"nbytes of {key!r}")
-        if nbytes != expected:
-            raise WireError(
-                f"{key!r}: nbytes {nbytes} disagrees with shape {list(shape)} x {itemsize} B = {expected}"
-            )
+        nbytes = _checked_nbytes(key, dtype, shape, reader.u64(f"nbytes of {key!r}"))
         data = reader.take(nbytes, f"data of {key!r}")
         out[key] = _view_tensor(data, dtype, shape)
     return out
@@ -197,3 +190,103 @@ def _view_tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -
         return torch.frombuffer(data, dtype=dtype).view(shape)
     except RuntimeError as exc:
         raise WireError(f"shape {list(shape)} is not a valid {dtype} tensor: {exc}") from None
+
+
+def _dtype(key: str, code: int) -> torch.dtype:
+    dtype = CODE_TO_DTYPE.get(code)
+    if dtype is None:
+        raise WireError(f"unknown dtype code {code} for {key!r}")
+    return dtype
+
+
+def _checked_nbytes(key: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> int:
+    if any(d < 0 for d in shape):
+        raise WireError(f"negative dimension in shape {list(shape)} of {key!r}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    expected = math.prod(shape) * itemsize
+    if nbytes != expected:
+        raise WireError(
+            f"{key!r}: nbytes {nbytes} disagrees with shape {list(shape)} x {itemsize} B = {expected}"
+        )
+    return nbytes
+
+
+# -- decoding from a stream into preallocated tensors ------------------------------------------
+
+
+class ByteSource(Protocol):
+    """An async byte stream, such as an HTTP body."""
+
+    async def readinto(self, view: memoryview) -> None:
+        """Fill ``view`` completely; raise if the stream ends first."""
+
+
+class _StreamReader:
+    """Reads fields from a ByteSource, never past ``size`` bytes."""
+
+    def __init__(self, source: ByteSource, size: int):
+        self.source, self.size, self.pos = source, size, 0
+
+    def check(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise WireError(
+                f"truncated blob: {what} needs {n} bytes at offset {self.pos}, {self.size - self.pos} left"
+            )
+
+    async def into(self, view: memoryview, what: str) -> None:
+        self.check(len(view), what)
+        await self.source.readinto(view)
+        self.pos += len(view)
+
+    async def take(self, n: int, what: str) -> bytes:
+        buf = bytearray(n)
+        await self.into(memoryview(buf), what)
+        return bytes(buf)
+
+    async def u8(self, what: str) -> int:
+        return (await self.take(1, what))[0]
+
+    async def u32(self, what: str) -> int:
+        return _U32.unpack(await self.take(4, what))[0]
+
+    async def u64(self, what: str) -> int:
+        return _U64.unpack(await self.take(8, what))[0]
+
+
+async def read_blob(
+    source: ByteSource, size: int, max_entries: int | None = None, pin_memory: bool = False
+) -> dict[str, torch.Tensor | None]:
+    """Decode a ``size``-byte wire blob from ``source``, reading each tensor's bytes into its own fresh
+    storage (pinned for a copy to CUDA). Checks as ``decode`` does; a tensor larger than what is left
+    raises before it is allocated."""
+    reader = _StreamReader(source, size)
+    magic = await reader.u32("magic")
+    if magic != MAGIC:
+        raise WireError(f"bad magic 0x{magic:08X}, expected 0x{MAGIC:08X}")
+    out: dict[str, torch.Tensor | None] = {}
+    entries = 0
+    while reader.pos < size:
+        entries += 1
+        if max_entries is not None and entries > max_entries:
+            raise WireError(f"more than {max_entries} entries")
+        key_len = await reader.u32("key length")
+        try:
+            key = (await reader.take(key_len, "key")).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WireError(f"key at offset {reader.pos - key_len} is not UTF-8") from exc
+        if await reader.u8(f"flags of {key!r}") & _FLAG_NONE:
+            out[key] = None
+            continue
+        dtype = _dtype(key, await reader.u8(f"dtype of {key!r}"))
+        ndim = await reader.u8(f"ndim of {key!r}")
+        shape = struct.unpack(f"<{ndim}q", await reader.take(8 * ndim, f"shape of {key!r}"))
+        nbytes = _checked_nbytes(key, dtype, shape, await reader.u64(f"nbytes of {key!r}"))
+        reader.check(nbytes, f"data of {key!r}")
+        try:
+            tensor = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+        except RuntimeError as exc:  # shapes like [0, 2**62, 4]: strides overflow int64
+            raise WireError(f"shape {list(shape)} is not a valid {dtype} tensor: {exc}") from None
+        if nbytes:
+            await reader.into(tensor_bytes(tensor), f"data of {key!r}")
+        out[key] = tensor
+    return out
