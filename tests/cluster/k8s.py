@@ -242,6 +242,9 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'service-accounts.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",  # a missing Role rule is a real 403
+            # as on OpenShift and hardened clusters: setting blockOwnerDeletion needs `update` on the owner's
+            # finalizers, so the tests prove that grant
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--allow-privileged=true",
             f"--cert-dir={self.run_dir / 'apiserver-certs'}",
             f"--audit-policy-file={self.run_dir / 'audit-policy.yaml'}",

@@ -96,26 +96,6 @@ def test_schema_defaults_equal_the_operators_defaults(schema):
     )
 
 
-def test_rbac_grants_only_what_the_operator_uses():
-    role = next(d for d in load_all("rbac.yaml") if d["kind"] == "ClusterRole")
-    grants = {
-        (g, r): set(rule["verbs"])
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-    }
-    assert grants[("", "pods")] == {"list", "watch", "create", "delete"}
-    assert grants[("eagle3.dev", "eagle3targets/status")] == {"get", "patch"}
-    assert grants[("eagle3.dev", "eagle3targets/finalizers")] == {"update"}  # for blockOwnerDeletion
-    assert all("*" not in verbs for verbs in grants.values())
-    lease = next(d for d in load_all("rbac.yaml") if d["kind"] == "Role")  # leader election, own namespace
-    assert lease["metadata"]["namespace"] == "eagle3-system"
-    assert lease["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}
-    ]
-    assert not any(r in ("secrets", "nodes") for _, r in grants)
-
-
 def test_operator_deployment_is_single_recreate_with_liveness():
     deployment = next(d for d in load_all("operator.yaml") if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"

@@ -316,7 +316,9 @@ def _service(service_name: str, name: str, namespace: str, spec: TargetSpec, pub
         "spec": {
             "clusterIP": "None",
             "selector": selector(name),
-            "publishNotReadyAddresses": publish_not_ready,
+            # only when true: the server drops a false value, and a field we send that it drops would read as
+            # drift on every reconcile
+            **({"publishNotReadyAddresses": True} if publish_not_ready else {}),
             "ports": [
                 {"name": "http", "port": spec.http_port, "targetPort": "http", "protocol": "TCP"},
                 {"name": "nccl", "port": spec.nccl_start, "targetPort": "nccl", "protocol": "TCP"},

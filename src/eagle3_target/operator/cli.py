@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--namespace",
         action="append",
         default=[],
-        help="watch this namespace (repeatable; globs allowed); default: all namespaces",
+        help="watch this namespace (repeatable; exact names); default: all namespaces",
     )
     scope.add_argument(
         "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"

@@ -19,7 +19,7 @@ import kopf
 import kr8s
 import kr8s.asyncio
 
-from . import GROUP, PLURAL, VERSION, builders
+from . import GROUP, PLURAL, VERSION, builders, incluster
 from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
@@ -65,7 +65,7 @@ class Tracked:
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In a pod: its service account; elsewhere: $KUBECONFIG (read on each login, unlike kubernetes-client)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    return incluster.login(**kwargs)
 
 
 @kopf.on.startup()
@@ -74,13 +74,16 @@ async def configure(
 ) -> None:
     config = memo.setdefault("config", OperatorConfig())
     settings.posting.level = logging.WARNING  # only problems become Events, besides our own
+    # No cluster-wide watch of CRDs and namespaces (least privilege): the resources are looked up once at
+    # startup (install the CRD first, as helm and the manifests do) and -n takes exact namespace names.
+    settings.scanning.disabled = True
     # list and watch only the operator's pods, not every pod of the cluster
     settings.watching.label_selectors["v1", "pods"] = f"app.kubernetes.io/managed-by={builders.MANAGER}"
     api = await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG"))
     memo.children = Children(api)
     memo.targets = {}
     memo.leader = (
-        LeaseElector(api, config, config.lease_namespace or api.namespace)
+        LeaseElector(api, config, config.lease_namespace or incluster.own_namespace(api.namespace))
         if config.leader_election
         else AlwaysLeader()
     )

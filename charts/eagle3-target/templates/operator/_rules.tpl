@@ -2,10 +2,10 @@
 {{- define "eagle3-target.operator.rules" -}}
 - apiGroups: [eagle3.dev]
   resources: [eagle3targets]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [eagle3.dev]
   resources: [eagle3targets/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # children carry blockOwnerDeletion, which OwnerReferencesPermissionEnforcement allows only to
 # those who may update the owner's finalizers
 - apiGroups: [eagle3.dev]
@@ -17,7 +17,7 @@
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, create, patch]
-- apiGroups: ["", events.k8s.io]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end }}

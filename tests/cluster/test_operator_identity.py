@@ -1,0 +1,219 @@
+"""The operator as a real process with exactly the identity the manifests and the chart give it (a pod's
+ServiceAccount token and files, its RBAC, no admin certificate), over a whole lifecycle: create, readiness,
+scale up and down, a rolling update by image and by spec change, garbage collection. The audit log lists
+every verb and resource it used: none may be refused (403), none may lack a grant, no grant may go unused.
+An unchanged fleet costs no writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+from cluster.operator_process import StandInKubelet, eventually, start_operator
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+CHART = REPO / "charts" / "eagle3-target"
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+# Checked by the OwnerReferencesPermissionEnforcement admission plugin (children carry blockOwnerDeletion), which
+# the test control plane enables: an authorization check, never a request of its own in the audit log.
+ADMISSION_ONLY = {("eagle3.dev", "eagle3targets/finalizers", "update")}
+LEGACY_FINALIZER = "eagle3.dev/kopf-finalizer"
+
+
+def granted(documents: list[dict]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) every Role and ClusterRole among `documents` grants."""
+    return {
+        (group, resource, verb)
+        for doc in documents
+        if doc and doc["kind"] in ("Role", "ClusterRole")
+        for rule in doc["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def used(events: list[dict]) -> set[tuple[str, str, str]]:
+    def resource(ref: dict) -> str:
+        return ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+
+    return {(e["objectRef"].get("apiGroup", ""), resource(e["objectRef"]), e["verb"]) for e in events}
+
+
+def refusals(events: list[dict]) -> list[str]:
+    return [
+        f"{e['verb']} {e['requestURI']}: {e['responseStatus'].get('message', '')}"
+        for e in events
+        if e["responseStatus"]["code"] == 403
+    ]
+
+
+def target(namespace: str, name: str = "llama", finalizers: list[str] | None = None, **spec) -> dict:
+    meta = {"name": name, "namespace": namespace, **({"finalizers": finalizers} if finalizers else {})}
+    return {"apiVersion": "eagle3.dev/v1alpha1", "kind": "Eagle3Target", "metadata": meta, "spec": spec}
+
+
+def ready_condition(kubectl, namespace: str, name: str = "llama") -> dict:
+    status = kubectl.json("-n", namespace, "get", "e3t", name).get("status", {})
+    return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+
+
+def wait_rolled_out(kubelet: StandInKubelet, kubectl, namespace: str, replicas: int, image: str, port: int):
+    """Keep making pods Ready until exactly `replicas` pods of `image` serve on `port` and the target says Ready."""
+
+    def done():
+        pods = [p for p in kubelet.step() if not p["metadata"].get("deletionTimestamp")]
+        containers = [p["spec"]["containers"][0] for p in pods]
+        return (
+            len(pods) == replicas
+            and all(c["image"] == image for c in containers)
+            and all(any(port_["containerPort"] == port for port_ in c["ports"]) for c in containers)
+            and ready_condition(kubectl, namespace).get("status") == "True"
+            and kubectl.json("-n", namespace, "get", "e3t", "llama")["status"].get("readyReplicas")
+            == replicas
+        )
+
+    eventually(done, timeout=90, interval=0.5, what=f"{replicas} ready pods of {image} on port {port}")
+
+
+def writes_in(events: list[dict], namespace: str) -> list[str]:
+    return [
+        f"{e['verb']} {e['requestURI']}"
+        for e in events
+        if e["verb"] in WRITES and e["objectRef"].get("namespace") == namespace
+    ]
+
+
+def run_lifecycle(control_plane, kubectl, namespace: str, operator) -> None:
+    kubelet = StandInKubelet(kubectl, namespace)
+    spec = {"model": "m", "image": "example.test/server:1", "replicas": 2}
+    # created with the finalizer earlier operator versions put on: the operator removes it (an upgrade)
+    body = target(namespace, finalizers=[LEGACY_FINALIZER], **spec)
+    kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(body))
+    wait_rolled_out(kubelet, kubectl, namespace, 2, "example.test/server:1", 8001)
+    stored = kubectl.json("-n", namespace, "get", "e3t", "llama")
+    assert LEGACY_FINALIZER not in stored["metadata"].get("finalizers", [])
+    children = {
+        f"{kind}/{name}"
+        for kind, name in (("service", "llama"), ("service", "llama-peers"), ("configmap", "llama-client"))
+    }
+    for child in children:
+        owners = kubectl.json("-n", namespace, "get", child)["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [
+            ("Eagle3Target", stored["metadata"]["uid"], True)
+        ], child
+
+    # an unchanged fleet: several resyncs (--interval 1) later, not one write (the server's defaulting and
+    # pruning of what the operator sent must still compare equal)
+    before = writes_in(control_plane.audit_events(operator.user), namespace)
+    time.sleep(5)
+    assert writes_in(control_plane.audit_events(operator.user), namespace) == before
+
+    kubectl("-n", namespace, "scale", "e3t/llama", "--replicas=3")
+    wait_rolled_out(kubelet, kubectl, namespace, 3, "example.test/server:1", 8001)
+    kubectl("-n", namespace, "scale", "e3t/llama", "--replicas=1")
+    wait_rolled_out(kubelet, kubectl, namespace, 1, "example.test/server:1", 8001)
+    kubectl("-n", namespace, "scale", "e3t/llama", "--replicas=2")
+    wait_rolled_out(kubelet, kubectl, namespace, 2, "example.test/server:1", 8001)
+
+    patch = {"spec": {"image": "example.test/server:2"}}
+    kubectl("-n", namespace, "patch", "e3t/llama", "--type=merge", "-p", json.dumps(patch))
+    wait_rolled_out(kubelet, kubectl, namespace, 2, "example.test/server:2", 8001)
+    patch = {"spec": {"ports": {"http": 9000}}}
+    kubectl("-n", namespace, "patch", "e3t/llama", "--type=merge", "-p", json.dumps(patch))
+    wait_rolled_out(kubelet, kubectl, namespace, 2, "example.test/server:2", 9000)
+    service_ports = kubectl.json("-n", namespace, "get", "service", "llama")["spec"]["ports"]
+    assert [p["port"] for p in service_ports if p["name"] == "http"] == [9000]
+    assert (
+        ":9000"
+        in kubectl.json("-n", namespace, "get", "configmap", "llama-client")["data"][
+            "EAGLE3_TARGET_SERVICE_DNS"
+        ]
+    )
+
+    # no delete handler, no finalizer: the real garbage collector removes every child
+    kubectl("-n", namespace, "delete", "e3t", "llama", "--wait=true", "--timeout=30s")
+
+    def gone():
+        left = kubectl("-n", namespace, "get", "pods,services,configmaps", "-o", "name").stdout.split()
+        return [n for n in left if n != "configmap/kube-root-ca.crt" and "openshift" not in n] == []
+
+    eventually(gone, timeout=90, interval=1, what="the garbage collector removing the children")
+
+
+def assert_least_privilege(control_plane, operator, rbac: list[dict]) -> None:
+    events = control_plane.audit_events(operator.user)
+    assert refusals(events) == []
+    assert "Forbidden" not in operator.output()
+    calls, grants = used(events), granted(rbac)
+    assert calls - grants == set(), "used without a grant"
+    assert grants - calls - ADMISSION_ONLY == set(), "granted without use"
+
+
+def test_the_manifests_identity_runs_a_whole_lifecycle_with_least_privilege(
+    crd, control_plane, kubectl, namespace, tmp_path
+):
+    """manifests/rbac.yaml, all namespaces; the Lease lands in the ServiceAccount's namespace, eagle3-system."""
+    kubectl("apply", "-f", str(MANIFESTS / "namespace.yaml"), "-f", str(MANIFESTS / "rbac.yaml"))
+    rbac = list(yaml.safe_load_all((MANIFESTS / "rbac.yaml").read_text()))
+    operator = start_operator(
+        control_plane,
+        kubectl,
+        tmp_path,
+        "--all-namespaces",
+        "--interval=1",
+        namespace="eagle3-system",
+        service_account="eagle3-target-operator",
+    )
+    try:
+        lease = eventually(
+            lambda: kubectl.json("-n", "eagle3-system", "get", "lease", "eagle3-target-operator"),
+            what="the operator's Lease in its own namespace",
+        )
+        assert lease["spec"]["holderIdentity"]
+        run_lifecycle(control_plane, kubectl, namespace, operator)
+    finally:
+        operator.stop()
+    assert operator.proc.returncode == 0, operator.output()[-3000:]
+    assert_least_privilege(control_plane, operator, rbac)
+
+
+def test_the_charts_watch_namespaces_identity_runs_a_whole_lifecycle_with_least_privilege(
+    crd, control_plane, kubectl, helm, namespace, tmp_path
+):
+    """The chart's RBAC with operator.watchNamespaces: namespaced Roles only where it watches."""
+    home = f"{namespace}-op"
+    kubectl("create", "namespace", home)
+    rendered = helm(
+        "template",
+        "e3t",
+        str(CHART),
+        "--namespace",
+        home,
+        "--set",
+        f"operator.watchNamespaces={{{namespace}}},target.enabled=false",
+        "--show-only=templates/operator/serviceaccount.yaml",
+        "--show-only=templates/operator/rbac.yaml",
+    ).stdout
+    rbac = [d for d in yaml.safe_load_all(rendered) if d]
+    kubectl("apply", "-f", "-", input=rendered)  # every object names its namespace
+    account = next(d for d in rbac if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    operator = start_operator(
+        control_plane,
+        kubectl,
+        tmp_path,
+        f"--namespace={namespace}",
+        "--interval=1",
+        namespace=home,
+        service_account=account,
+    )
+    try:
+        run_lifecycle(control_plane, kubectl, namespace, operator)
+    finally:
+        operator.stop()
+        kubectl("delete", "namespace", home, "--wait=false")
+    assert operator.proc.returncode == 0, operator.output()[-3000:]
+    assert_least_privilege(control_plane, operator, rbac)
