@@ -38,7 +38,7 @@ from eagle3_target.client.nemo import NeMoTargetBackend, TrainEagle3Recipe
 from .nemo_support import build_target, write_chats
 
 TOKEN = "s3cret-trainer-token"
-SEED = 42  # the recipe seeds torch with recipe_args.shuffle_seed (NeMo's default: 42) before setup
+SEED = 42  # the caller's seed: NeMo's recipe (and ours) build the draft from torch's global RNG
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +255,7 @@ def colocated_recipe(target, tmp_path_factory):
     cfg = load_config(recipe_yaml(out, target))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nemo_recipe, "NeMoAutoModelForCausalLM", CpuAutoModel)
-        torch.manual_seed(SEED)  # what our recipe does before setup
+        torch.manual_seed(SEED)  # the caller's seed, as the runs under test get it
         recipe = nemo_recipe.TrainEagle3Recipe(cfg)
         recipe.setup()
         initial = {k: v.clone() for k, v in recipe.draft_model.state_dict().items()}
@@ -273,6 +273,7 @@ def test_recipe_class_trains_bit_identically_and_writes_a_checkpoint(
         tmp_path, target, recipe_args__target_prefetch_depth=4, remote_target__endpoints=endpoints
     )
     recipe = TrainEagle3Recipe(load_config(path))
+    torch.manual_seed(SEED)
     recipe.setup()
     assert recipe.target_prefetch_depth == 2  # both servers joined before NeMo capped the depth
     recipe.run_train_validation_loop()
@@ -290,7 +291,7 @@ def test_train_draft_trains_bit_identically_and_writes_a_checkpoint(
     monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
     done = subprocess.run(
         [sys.executable, "-m", "eagle3_target.cli", "train-draft", "--config", str(path)]
-        + [f"--checkpoint.checkpoint_dir={checkpoints}"],
+        + [f"--checkpoint.checkpoint_dir={checkpoints}", f"--remote_target.seed={SEED}"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -298,3 +299,36 @@ def test_train_draft_trains_bit_identically_and_writes_a_checkpoint(
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (tmp_path / "checkpoints").exists()  # the override, not the YAML, named the directory
     assert_same_weights(final_weights(checkpoints), colocated_recipe)
+
+
+def initial_draft(recipe) -> dict[str, torch.Tensor]:
+    recipe.setup()
+    return {k: v.clone() for k, v in recipe.draft_model.state_dict().items()}
+
+
+def test_the_recipe_keeps_the_callers_seed_unless_given_one(fleet, target, tmp_path):
+    """The same caller seed gives the same initial draft as NeMo's own recipe; remote_target.seed, when
+    set, seeds torch instead (an explicit option, off by default)."""
+    endpoints = ",".join(s.url for s in fleet)
+
+    def nemo_draft(seed: int) -> dict[str, torch.Tensor]:
+        out = tmp_path / f"nemo-{seed}"
+        out.mkdir()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(nemo_recipe, "NeMoAutoModelForCausalLM", CpuAutoModel)
+            torch.manual_seed(seed)
+            return initial_draft(nemo_recipe.TrainEagle3Recipe(load_config(recipe_yaml(out, target))))
+
+    def our_draft(caller_seed: int, **extra) -> dict[str, torch.Tensor]:
+        out = tmp_path / f"ours-{caller_seed}-{len(extra)}"
+        out.mkdir()
+        path = recipe_yaml(out, target, remote_target__endpoints=endpoints, **extra)
+        recipe = TrainEagle3Recipe(load_config(path))
+        torch.manual_seed(caller_seed)
+        return initial_draft(recipe)
+
+    caller_seed = 1234  # not recipe_args.shuffle_seed (42), which the recipe used to seed torch with
+    reference = nemo_draft(caller_seed)
+    assert_same_weights(our_draft(caller_seed), reference)
+    assert_same_weights(our_draft(99, remote_target__seed=caller_seed), reference)
+    assert any(not torch.equal(v, reference[k]) for k, v in nemo_draft(SEED).items()), "the seed must matter"

@@ -5,6 +5,7 @@ remote_target:
   auth_token_file: /var/run/eagle3-target/token  # default: $EAGLE3_TARGET_AUTH_TOKEN_FILE
   wait_timeout: 60  # seconds to let the discovered servers join before NeMo sizes its prefetch
   max_in_flight: 1  # ... and any other client option (PoolOptions fields, nameserver, device)
+  seed: 42  # optional: seed torch before setup (NeMo's recipe, and ours without it, keep the caller's seed)
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from .backend import NeMoTargetBackend, split_options
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 
 DEFAULT_WAIT_TIMEOUT = 60.0
-DEFAULT_SEED = 42  # NeMo's default recipe_args.shuffle_seed
 
 
 def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -36,6 +36,16 @@ def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
         raise EndpointError(f"remote_target.auth_token_file={exc}" if token_file else str(exc)) from None
     split_options(options)  # a misspelt option fails here too
     return dict(endpoints=endpoints, auth_token=token, **options), wait_timeout
+
+
+def seed_setting(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"remote_target.seed={value!r}: an integer, or leave it out to keep the caller's seed"
+        )
+    return value
 
 
 class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
@@ -56,14 +66,16 @@ class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
                 )
         cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
         section = cfg.get("remote_target", None)
-        self.remote_target = backend_settings(section.to_dict() if section is not None else {})
+        settings = section.to_dict() if section is not None else {}
+        self.seed = seed_setting(settings.pop("seed", None))
+        self.remote_target = backend_settings(settings)
         super().__init__(cfg)
 
     def setup(self):
-        # NeMo builds the draft from torch's global RNG before it seeds anything itself: seed first, so
-        # one config gives one draft (NeMo's own seed, shuffle_seed, default 42).
-        seed = self.cfg.get("recipe_args.shuffle_seed", None)
-        torch.manual_seed(DEFAULT_SEED if seed is None else int(seed))
+        # NeMo builds the draft's initial weights from torch's global RNG, which its recipe leaves to the
+        # caller; only an explicit remote_target.seed seeds it here.
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
         super().setup()
 
     def _setup_remote_target(self, recipe_cfg):
