@@ -1,0 +1,281 @@
+"""GPU check: a Llama-shaped target with random weights behind our server, on one host, one CUDA GPU.
+
+    python bench/gpu_check.py [--json gpu_check.json] [--layers 8] [--batch 4 --seq 2048]
+    python bench/gpu_check.py --device cpu --small        # what CI runs: a tiny shape on the CPU
+
+Needs: PyTorch 2.11+ (the image's own CUDA build), transformers (LlamaConfig, LlamaForCausalLM),
+aiohttp and prometheus-client (the server), with this project installed ``--no-deps`` beside them.
+Nothing is downloaded: the model is built from a config (Llama-3.1-8B's widths, layers cut to
+``--layers`` so it fits in a few minutes) and its weights are random.
+
+Measured, with the HF runner in bf16:
+- bare forward: the model's own forward (aux states captured), seconds and tokens/s at B x S;
+- server: /generate over loopback HTTP per encoding ("nemo", "logits", "hidden"), the server's
+  compute phases from its Server-Timing header, the whole round trip with the reply read into
+  tensors and turned into supervision on the device, reply bytes per token, tokens/s;
+- the server's overhead over the bare forward: (its compute phases for "nemo") / bare - 1, goal <= 5%;
+- peak GPU memory while the server computes a batch;
+- bf16 supervision against a float32 reference (same weights, first sequence of the batch): max
+  differences of aux_hidden_states and target_probs, and the share of position_mask that differs.
+One table is printed; --json writes the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+MISSING = []
+try:
+    import aiohttp
+    import prometheus_client  # noqa: F401  (the server's metrics)
+    import torch
+    from aiohttp import web
+    from transformers import LlamaConfig, LlamaForCausalLM
+except ImportError as exc:  # say what this image lacks in one line, before any work
+    MISSING.append(exc.name)
+
+# Llama-3.1-8B's widths; --layers cuts the depth.
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+ENCODINGS = ("nemo", "logits", "hidden")
+
+
+def build_model(args: argparse.Namespace, dtype) -> LlamaForCausalLM:
+    config = LlamaConfig(**(SMALL if args.small else LLAMA_8B), num_hidden_layers=args.layers)
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bare_forward_seconds(runner, input_ids, attention_mask, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats + 1):  # the first warms up
+        synchronize(runner.info.device)
+        start = time.perf_counter()
+        runner.forward(input_ids, attention_mask)
+        synchronize(runner.info.device)
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
+async def start_server(runner, tokens: int) -> tuple[web.AppRunner, str]:
+    from eagle3_target.server.app import ServerOptions, TargetServer
+
+    server = TargetServer(lambda: runner, ServerOptions(max_batch_tokens=max(8192, tokens)))
+    app_runner = web.AppRunner(server.app(), access_log=None)
+    await app_runner.setup()
+    site = web.TCPSite(app_runner, "127.0.0.1", 0)
+    await site.start()
+    return app_runner, f"http://127.0.0.1:{app_runner.addresses[0][1]}"
+
+
+async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: int) -> dict:
+    """Per encoding: reply bytes, server compute phases, round trip into supervision on the device."""
+    from eagle3_target.client.connection import parse_server_timing, read_tensors
+    from eagle3_target.protocol import encodings, wire
+
+    device = runner.info.device
+    request = wire.encode(inputs)
+    results, supervision = {}, {}
+    async with aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=600)) as http:
+        while True:
+            async with http.get(f"{url}/health") as resp:
+                if resp.status == 200:
+                    break
+            await asyncio.sleep(0.2)
+        async with http.post(f"{url}/set_vocab_mapping", data=wire.encode(vocab)) as resp:
+            assert resp.status == 200, await resp.text()
+        async with http.post(f"{url}/lm_head") as resp:
+            head_rows = (await read_tensors(resp))["weight"].to(device)
+        for name in ENCODINGS:
+            rounds, compute, peaks = [], [], []
+            for _ in range(repeats + 1):
+                if device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                start = time.perf_counter()
+                async with http.post(
+                    f"{url}/generate", data=request, headers={"X-Eagle3-Encoding": name}
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                    tensors = await read_tensors(resp, pin_memory=device.startswith("cuda"))
+                    timing = parse_server_timing(resp.headers["Server-Timing"])
+                on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
+                ids, loss = (inputs[k].to(device) for k in ("input_ids", "loss_mask"))
+                out = encodings.decode(name, on_device, ids, loss, head_rows)
+                synchronize(device)
+                rounds.append(time.perf_counter() - start)
+                compute.append(sum(timing.get(p, 0.0) for p in ("decode", "forward", "projection", "encode")))
+                if device.startswith("cuda"):
+                    peaks.append(torch.cuda.max_memory_allocated())
+            nbytes = int(resp.content_length)
+            results[name] = dict(
+                bytes=nbytes,
+                round_trip_s=statistics.median(rounds[1:]),
+                server_compute_s=statistics.median(compute[1:]),
+                peak_gpu_bytes=max(peaks) if peaks else None,
+            )
+            supervision[name] = {k: v.float().cpu() for k, v in out.items()}
+    return results, supervision
+
+
+def reference_errors(args, model, inputs: dict, vocab: dict, bf16_nemo: dict) -> dict:
+    """bf16 supervision from the server against float32 supervision of the same weights (first sequence)."""
+    from eagle3_target.protocol.supervision import VocabMapping, build_supervision
+    from eagle3_target.server.runners.hf import HFRunner
+
+    reference = HFRunner(model.float(), name="gpu-check-fp32")
+    one = {k: v[:1].to(args.device) for k, v in inputs.items()}
+    logits, aux = reference.forward(one["input_ids"], one["attention_mask"])
+    mapping = VocabMapping(
+        vocab["selected_token_ids"].to(args.device), vocab["selected_token_mask"].to(args.device)
+    )
+    ref = build_supervision(logits, aux, one["input_ids"], one["loss_mask"], mapping)
+    got = {k: v[:1] for k, v in bf16_nemo.items()}
+    ref_aux = ref["aux_hidden_states"].cpu()
+    return dict(
+        aux_max_abs=float((got["aux_hidden_states"] - ref_aux).abs().max()),
+        aux_ref_max_abs=float(ref_aux.abs().max()),
+        target_probs_max_abs=float((got["target_probs"] - ref["target_probs"].cpu()).abs().max()),
+        position_mask_differs=float(
+            (got["position_mask"].bool() != ref["position_mask"].cpu()).float().mean()
+        ),
+    )
+
+
+def draft_vocab(vocab_size: int, size: int) -> dict:
+    ids = torch.randperm(vocab_size)[:size]  # unsorted, as NeMo's frequency order is
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[ids] = True
+    return {"selected_token_ids": ids, "selected_token_mask": mask}
+
+
+async def check(args: argparse.Namespace) -> dict:
+    from eagle3_target.server.runners.hf import HFRunner
+
+    model = build_model(args, torch.bfloat16)
+    runner = HFRunner(model, name=f"random-llama-{args.layers}-layers")
+    vocab_size = model.config.vocab_size
+    vocab = draft_vocab(vocab_size, args.draft_vocab)
+    input_ids = torch.randint(0, vocab_size, (args.batch, args.seq))
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[:, : args.seq // 4] = 0  # a prompt part that is not trained on
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "loss_mask": loss_mask}
+
+    ids_dev, mask_dev = input_ids.to(args.device), inputs["attention_mask"].to(args.device)
+    bare = statistics.median(bare_forward_seconds(runner, ids_dev, mask_dev, args.repeats))
+    app_runner, url = await start_server(runner, args.batch * args.seq)
+    try:
+        wire_results, supervision = await over_the_wire(url, runner, inputs, vocab, args.repeats)
+    finally:
+        await app_runner.cleanup()
+    runner.close()  # its hooks go; the float32 reference reuses the same modules
+    tokens = args.batch * args.seq
+    nemo = supervision["nemo"]
+    return dict(
+        device=args.device,
+        gpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        torch=torch.__version__,
+        shape=dict(batch=args.batch, seq=args.seq, layers=args.layers, **model.config.to_diff_dict()),
+        bare_forward=dict(seconds=bare, tokens_per_s=tokens / bare),
+        server_overhead=wire_results["nemo"]["server_compute_s"] / bare - 1,
+        encodings={
+            name: {**r, "bytes_per_token": r["bytes"] / tokens, "tokens_per_s": tokens / r["round_trip_s"]}
+            for name, r in wire_results.items()
+        },
+        logits_vs_nemo_max_abs=max(float((supervision["logits"][k] - nemo[k]).abs().max()) for k in nemo),
+        hidden_vs_nemo_target_probs_max_abs=float(
+            (supervision["hidden"]["target_probs"] - nemo["target_probs"]).abs().max()
+        ),
+        bf16_vs_fp32=reference_errors(args, model, inputs, vocab, nemo),
+    )
+
+
+def print_table(result: dict) -> None:
+    bare = result["bare_forward"]
+    print(f"{result['gpu'] or result['device']}, torch {result['torch']}, {result['shape']['layers']} layers")
+    print(f"{'what':28} {'seconds':>9} {'tokens/s':>10} {'B/token':>9} {'peak GPU GB':>12}")
+    print(f"{'bare forward':28} {bare['seconds']:9.3f} {bare['tokens_per_s']:10.0f}")
+    for name, r in result["encodings"].items():
+        peak = f"{r['peak_gpu_bytes'] / 1e9:12.2f}" if r["peak_gpu_bytes"] else f"{'-':>12}"
+        print(
+            f"{'server compute, ' + name:28} {r['server_compute_s']:9.3f}\n"
+            f"{'round trip, ' + name:28} {r['round_trip_s']:9.3f} {r['tokens_per_s']:10.0f} "
+            f"{r['bytes_per_token']:9.0f} {peak}"
+        )
+    errors = result["bf16_vs_fp32"]
+    print(f"server overhead over the bare forward: {100 * result['server_overhead']:.1f}% (goal <= 5%)")
+    print(
+        f"logits vs nemo max |diff| {result['logits_vs_nemo_max_abs']:.3g}; hidden vs nemo target_probs "
+        f"{result['hidden_vs_nemo_target_probs_max_abs']:.3g}; bf16 vs fp32: aux {errors['aux_max_abs']:.3g} "
+        f"(of {errors['aux_ref_max_abs']:.3g}), target_probs {errors['target_probs_max_abs']:.3g}, "
+        f"position_mask differs at {100 * errors['position_mask_differs']:.2f}%"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument(
+        "--small", action="store_true", help="a tiny Llama (hidden 64, vocab 512) instead of 8B widths"
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=8,
+        help="decoder layers (default 8; at least 7 for the default aux layers)",
+    )
+    parser.add_argument("--batch", type=int, default=4, help="sequences per batch (default 4)")
+    parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument(
+        "--draft-vocab", type=int, default=32000, help="draft vocabulary size (default 32000)"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (default 5)")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if MISSING:
+        print(
+            f"gpu_check needs {', '.join(MISSING)}: pip install it beside the preinstalled torch",
+            file=sys.stderr,
+        )
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device here; run with --device cpu --small for the CPU check", file=sys.stderr)
+        return 2
+    result = asyncio.run(check(args))
+    print_table(result)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
