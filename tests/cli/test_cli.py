@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_support import EXTRAS_MODULES, HELP_PENDING
 from target_support import free_port
 
 from eagle3_target import __version__
@@ -17,25 +18,10 @@ from eagle3_target.cli import COMMANDS, build_parser
 from eagle3_target.exits import Exit
 
 ROOT = Path(__file__).resolve().parents[2]
-# What the extras bring; with these blocked the interpreter is as good as a base install.
-EXTRAS_MODULES = (
-    "torch",
-    "numpy",
-    "aiohttp",
-    "dns",
-    "tqdm",
-    "prometheus_client",
-    "kopf",
-    "kr8s",
-    "yaml",
-    "transformers",
-)
-# Commands whose argument module still imports its heavy work (being made import-light by their owners);
-# strict, so the marker has to go once it passes.
-PENDING = {"serve"}
+# A strict xfail: the marker has to go once the command's help needs no extra.
 EVERY_COMMAND = [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=f"{c}'s arguments still import torch"))
-    if c in PENDING
+    if c in HELP_PENDING
     else c
     for c in COMMANDS
 ]
