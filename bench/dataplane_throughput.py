@@ -75,7 +75,7 @@ def main() -> None:
                 results[path] = measure(
                     backend, args.batch_size, args.seq_len, args.batches, warmup=2, depth=1
                 )
-                channel = next(iter(backend.pool.members.values())).conn.p2p
+                channel = next(iter(backend.pool.members.values())).agreement.p2p
                 print(
                     f"{path:>4}: {results[path]}  [p2p transfers {channel.transfers}, fallbacks {channel.fallbacks}]"
                 )

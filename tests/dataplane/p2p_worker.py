@@ -31,9 +31,11 @@ import aiohttp
 import torch
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
+from eagle3_target.client.agreement import Agreement
 from eagle3_target.client.connection import ServerConnection
+from eagle3_target.client.fetch import fetch_supervision
 from eagle3_target.client.p2p import P2PChannel
-from eagle3_target.protocol import contract, transport, wire
+from eagle3_target.protocol import contract, encodings, p2p, rendezvous, wire
 from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -72,7 +74,7 @@ def run_batches(args) -> None:
     vocab = draft_vocab()
     with RemoteTargetBackend(args.url, options=options) as backend:
         backend.set_vocab_mapping(*vocab)
-        conn = next(iter(backend.pool.members.values())).conn
+        channel = next(iter(backend.pool.members.values())).agreement.p2p
         if args.barrier:
             backend.generate_batch(*make_batch(0, 1, 4))  # builds the group
             print("READY", flush=True)
@@ -87,8 +89,8 @@ def run_batches(args) -> None:
             json.dumps(
                 {
                     "ok": ok,
-                    "transfers": conn.p2p.transfers if conn.p2p else 0,
-                    "fallbacks": conn.p2p.fallbacks if conn.p2p else 0,
+                    "transfers": channel.transfers if channel else 0,
+                    "fallbacks": channel.fallbacks if channel else 0,
                     "session": backend.session_id,
                 }
             ),
@@ -105,8 +107,8 @@ def compare_encodings(args) -> None:
         with RemoteTargetBackend(args.url, options=options) as backend:
             backend.set_vocab_mapping(*vocab)
             got[encoding] = [backend.generate_batch(*b).as_dict() for b in batches]
-            conn = next(iter(backend.pool.members.values())).conn
-            report[encoding] = {"transfers": conn.p2p.transfers, "fallbacks": conn.p2p.fallbacks}
+            channel = next(iter(backend.pool.members.values())).agreement.p2p
+            report[encoding] = {"transfers": channel.transfers, "fallbacks": channel.fallbacks}
         pairs = list(zip(got[encoding], got["nemo"], strict=True))
         report[encoding]["exact"] = all(
             have[k].dtype == want[k].dtype and torch.equal(have[k], want[k])
@@ -123,16 +125,15 @@ async def stall(args) -> None:
     async with aiohttp.ClientSession() as http:
         conn = ServerConnection(args.url, http, "staller", timeout=args.timeout)
         await conn.set_vocab_mapping(wire.encode(dict(zip(contract.VOCAB_KEYS, draft_vocab(), strict=False))))
-        conn.info = await conn.model_info()
-        channel = P2PChannel("p2p", timeout=args.timeout)
-        group = await channel._group(conn)
+        channel = P2PChannel(args.url, await conn.model_info(), "p2p", timeout=args.timeout)
+        await channel.ready(conn.init_nccl)
         ids, mask, loss = make_batch(7, args.batch, args.seq)
         request = wire.encode({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
         headers = {contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: "0"}
         _, payload = await conn.post(contract.GENERATE, request, headers=headers)
         metadata = decode_metadata(payload)
         first = next(iter(metadata))
-        group.recv({first: metadata[first]}, 0, args.timeout)  # the server is still sending the rest
+        channel.group.recv({first: metadata[first]}, 0, args.timeout)  # the server is still sending the rest
         print("STALLED", flush=True)
         time.sleep(600)
 
@@ -142,8 +143,8 @@ async def hold(args) -> None:
         conns = []
         for i in range(args.sessions):
             conn = ServerConnection(args.url, http, f"holder-{i}", timeout=args.timeout)
-            conn.info = await conn.model_info()
-            await P2PChannel("p2p", timeout=args.timeout)._group(conn)
+            channel = P2PChannel(args.url, await conn.model_info(), "p2p", timeout=args.timeout)
+            await channel.ready(conn.init_nccl)
             conns.append(conn)
         print("HELD", flush=True)
         while True:
@@ -157,26 +158,25 @@ async def victim(args) -> None:
         vocab = draft_vocab()
         await conn.set_vocab_mapping(wire.encode(dict(zip(contract.VOCAB_KEYS, vocab, strict=False))))
         body = json.dumps({"backend": "gloo", "auth": contract.P2P_AUTH}).encode()
-        conn.info = await conn.model_info()
-        reply = await conn.post_json(contract.INIT_NCCL, body)
+        info = await conn.model_info()
+        reply = await conn.init_nccl(body)
         print(json.dumps(reply), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        channel = P2PChannel("p2p", timeout=args.timeout)
-        join = transport.PeerGroup.join
+        channel = P2PChannel(args.url, info, "p2p", timeout=args.timeout)
+        join = p2p.PeerGroup.join
         try:
             channel.group = await asyncio.to_thread(
                 join, reply["host"], reply["nccl_port"], "gloo", args.timeout, secret=reply["secret"]
             )
             first_join = "ok"
-        except transport.TransferError as exc:
+        except p2p.TransferError as exc:
             first_join = f"failed: {exc}"
         ids, mask, loss = make_batch(3, args.batch, args.seq)
         request = wire.encode({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
-        answer = await channel.generate(conn, request, {})
-        got, want = answer and answer[1], expected(ids, loss, vocab)
-        ok = got is not None and all(
-            torch.equal(got[k], want[k].to(got[k].dtype)) for k in contract.SUPERVISION_KEYS
-        )
+        agreement = Agreement(info, encodings.NEMO, channel)
+        reply = await fetch_supervision(conn, agreement, request, (args.batch, args.seq, len(vocab[0])), None)
+        got, want = reply.tensors, expected(ids, loss, vocab)
+        ok = all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in contract.SUPERVISION_KEYS)
         print(json.dumps({"first_join": first_join, "ok": ok, "transfers": channel.transfers}), flush=True)
 
 
@@ -187,7 +187,7 @@ def attack(args) -> None:
     timeout = datetime.timedelta(seconds=args.timeout)
     store = TCPStore(host, int(port), 2, False, timeout)
     print("CONNECTED", flush=True)
-    namespace = args.namespace or transport.group_name(int(port))  # NeMo's layout
+    namespace = args.namespace or rendezvous.group_name(int(port))  # NeMo's layout
     keys = PrefixStore(f"{namespace}/", store)
     if args.hello:
         keys.set("hello", bytes.fromhex(args.hello))
@@ -200,7 +200,7 @@ def attack(args) -> None:
         print("REFUSED", flush=True)
         return
     print("JOINED", flush=True)
-    challenge = torch.empty(transport.NONCE_BYTES, dtype=torch.uint8)
+    challenge = torch.empty(p2p.NONCE_BYTES, dtype=torch.uint8)
     pg.recv([challenge], 0, 0).wait(timeout)
     pg.send([torch.zeros(32, dtype=torch.uint8)], 0, 0).wait(timeout)
     try:

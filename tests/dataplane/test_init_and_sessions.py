@@ -12,7 +12,8 @@ from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.metadata import decode_metadata
-from eagle3_target.protocol.transport import PeerGroup, TransferError, listen
+from eagle3_target.protocol.p2p import PeerGroup
+from eagle3_target.protocol.rendezvous import TransferError, listen
 from eagle3_target.server.app import ServerOptions
 from eagle3_target.server.dataplane import DataPlane, PortRange
 from eagle3_target.server.runners.synthetic import SyntheticRunner

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from eagle3_target.protocol import contract
-from eagle3_target.protocol.transport import hello, listen, store_namespace
+from eagle3_target.protocol.rendezvous import hello, listen, store_namespace
 
 from .dataplane_support import read_line, result, start_server, worker
 

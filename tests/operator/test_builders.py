@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from eagle3_target.operator import builders
+from eagle3_target.operator.planner import PodState, Rollout, plan
 from eagle3_target.operator.spec import InvalidSpec, TargetSpec
-from eagle3_target.operator.status import (
-    Observed,
-    PodState,
-    Rollout,
-    compute_status,
-    merge_conditions,
-    plan,
-)
+from eagle3_target.operator.status import Observed, compute_status, merge_conditions
 
 IMAGE = "registry.test/eagle3-target:test"
 

@@ -66,7 +66,8 @@ def test_example_target_is_valid(schema):
 
 def test_operator_status_validates_against_the_schema(schema):
     spec = TargetSpec.parse({"model": "m"})
-    from eagle3_target.operator.status import Observed, PodState, Rollout, compute_status
+    from eagle3_target.operator.planner import PodState, Rollout
+    from eagle3_target.operator.status import Observed, compute_status
 
     pod = builders.pod(spec, "t", "ml", 0, "img")
     pod["status"] = {"podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}

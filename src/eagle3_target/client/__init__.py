@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 # Imported on first use, so the CLI's import-light modules (cli_*.py) load without torch or aiohttp.
 _EXPORTS = {
-    "BatchFailedError": ".dispatch",
+    "BatchFailedError": ".errors",
     "BatchHandle": ".backend",
     "EncodingError": "eagle3_target.protocol.encodings",
     "EndpointError": ".endpoints",
-    "ModelMismatchError": ".dispatch",
-    "PoolOptions": ".dispatch",
+    "ModelMismatchError": ".identity",
+    "PoolOptions": ".options",
     "RemoteTargetBackend": ".backend",
     "ServerConnection": ".connection",
     "ServerError": ".connection",
@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
     from .backend import BatchHandle, RemoteTargetBackend, TargetBatch
     from .connection import ServerConnection, ServerError
-    from .dispatch import BatchFailedError, ModelMismatchError, PoolOptions
     from .endpoints import EndpointError
+    from .errors import BatchFailedError
+    from .identity import ModelMismatchError
+    from .options import PoolOptions
 
 
 def __getattr__(name: str):

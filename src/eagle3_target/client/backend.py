@@ -21,9 +21,10 @@ import torch
 from eagle3_target.protocol import encodings, wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
 
-from .connection import Reply
-from .dispatch import PoolOptions, TargetPool
+from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
+from .fetch import Reply
+from .options import PoolOptions
 
 
 @dataclass
@@ -160,7 +161,7 @@ class RemoteTargetBackend:
     @property
     def encodings(self) -> dict[str, str]:
         """The supervision encoding each healthy server sends us, by URL (negotiated when it joined)."""
-        return {m.url: m.conn.encoding for m in self.pool.healthy()}
+        return {m.url: m.agreement.encoding for m in self.pool.healthy()}
 
     @property
     def healthy_servers(self) -> int:

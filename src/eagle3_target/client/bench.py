@@ -19,8 +19,8 @@ from tqdm import tqdm
 from eagle3_target.exits import CommandError, Exit
 
 from .backend import RemoteTargetBackend
-from .dispatch import PoolOptions
 from .endpoints import EndpointSpec
+from .options import PoolOptions
 from .probe import describe, probe
 
 log = logging.getLogger(__name__)

@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .bench import bench, check_reachable
-    from .dispatch import BatchFailedError, PoolOptions
+    from .errors import BatchFailedError
+    from .options import PoolOptions
     from .probe import endpoint_specs, read_token
 
     specs, token = endpoint_specs(args.endpoints), read_token(args.auth_token_file)

@@ -1,10 +1,8 @@
-"""One target server as the client sees it: its HTTP calls under our session id.
+"""One target server as the client sees it: plain HTTP calls under our session id.
 
-Every method is a coroutine on the client's event loop. The data path of
-/generate lives in ``generate`` alone: it asks for the encoding negotiated at
-join, takes the point-to-point channel when one is attached, and checks that the
-reply is complete before returning, so an incomplete reply fails over like a
-dropped connection.
+Every method is a coroutine on the client's event loop and knows nothing of the
+pool: what was agreed at join (agreement.py) and the data path of /generate
+(fetch.py) live elsewhere.
 """
 
 from __future__ import annotations
@@ -12,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import torch
 
-from eagle3_target.protocol import contract, encodings, wire
+from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.model_info import ModelInfo
 
 # Failures that say "this server, now" rather than "this request": try another server.
@@ -101,15 +98,6 @@ async def read_tensors(response: aiohttp.ClientResponse, pin_memory: bool = Fals
     return await wire.read_blob(_BodySource(response), size, pin_memory=pin_memory)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A checked /generate reply: the tensors of ``encoding`` (encodings.decode turns them into supervision)."""
-
-    encoding: str
-    tensors: dict[str, torch.Tensor]
-    head_rows: torch.Tensor | None = None  # the draft vocabulary's lm_head rows, for "hidden"
-
-
 class ServerConnection:
     """HTTP calls to one server, all under one session id (the server keeps our vocab mapping per session)."""
 
@@ -128,10 +116,6 @@ class ServerConnection:
         self.headers = {contract.SESSION_HEADER: session_id}
         if auth_token:
             self.headers["Authorization"] = f"Bearer {auth_token}"
-        self.vocab_blob: bytes | None = None  # re-sent when the server has lost our session
-        self.info: ModelInfo | None = None  # /model_info, read once per join
-        self.encoding = encodings.NEMO  # negotiated at join
-        self.p2p = None  # a p2p.P2PChannel, attached at join when the point-to-point path is negotiated
         self.pin_memory = torch.cuda.is_available()  # replies are received into pinned memory for the GPU
 
     def __repr__(self) -> str:
@@ -171,8 +155,10 @@ class ServerConnection:
                 raise _server_error(self.url, path, response.status, await read_body(response))
             yield response
 
-    async def post_json(self, path: str, body: bytes = b"") -> dict[str, Any]:
-        _, payload = await self.post(path, body)
+    async def post_json(
+        self, path: str, body: bytes = b"", timeout: aiohttp.ClientTimeout | None = None
+    ) -> dict[str, Any]:
+        _, payload = await self.post(path, body, timeout)
         return json.loads(payload)
 
     async def health(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
@@ -201,71 +187,38 @@ class ServerConnection:
     async def model_info(self) -> ModelInfo:
         return ModelInfo.from_json(await self.post_json(contract.MODEL_INFO))
 
-    async def lm_head(self, draft_vocab: int) -> torch.Tensor:
-        """The lm_head rows of our draft vocabulary [Vd, H] (our extension, for the "hidden" encoding)."""
-        _, tensors = await self.post_tensors(
-            contract.LM_HEAD, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
-        )
-        want = {"weight": (self._dtype(), (draft_vocab, self.info.hidden_size))}
-        encodings.check(tensors, want)
-        return tensors["weight"]
+    async def lm_head(self) -> dict[str, torch.Tensor | None]:
+        """The lm_head rows of our draft vocabulary, as sent (our extension, for the "hidden" encoding)."""
+        _, tensors = await self.post_tensors(contract.LM_HEAD, timeout=self._stall_timeout())
+        return tensors
 
-    def _dtype(self) -> torch.dtype | None:
-        """The target dtype named by /model_info; None where it names none (a stock NeMo server)."""
-        dtype = getattr(torch, str(self.info.dtype), None)
-        return dtype if isinstance(dtype, torch.dtype) else None
+    def _stall_timeout(self) -> aiohttp.ClientTimeout:
+        """For big bodies: no total timeout, only one between reads."""
+        return aiohttp.ClientTimeout(sock_read=self.timeout.total)
 
     async def heartbeat(self) -> None:
         await self.post_json(contract.HEARTBEAT)
 
     async def input_embeddings(self) -> torch.Tensor:
         # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
-        _, tensors = await self.post_tensors(
-            contract.INPUT_EMBEDDINGS, timeout=aiohttp.ClientTimeout(sock_read=self.timeout.total)
-        )
+        _, tensors = await self.post_tensors(contract.INPUT_EMBEDDINGS, timeout=self._stall_timeout())
         weight = tensors.get("weight")
         if weight is None:
             raise wire.WireError(f"{self.url}/{contract.INPUT_EMBEDDINGS}: response has no 'weight'")
         return weight
 
-    async def set_vocab_mapping(self, blob: bytes | None = None) -> None:
-        """Send the mapping (wire blob of selected_token_ids, selected_token_mask); None re-sends the last one."""
-        if blob is not None:
-            self.vocab_blob = blob
-        if self.vocab_blob is None:
-            raise RuntimeError("set_vocab_mapping has not been called")
-        await self.post_json(contract.SET_VOCAB_MAPPING, self.vocab_blob)
+    async def set_vocab_mapping(self, blob: bytes) -> None:
+        """Send the mapping: the wire blob of selected_token_ids and selected_token_mask."""
+        await self.post_json(contract.SET_VOCAB_MAPPING, blob)
 
-    async def generate(self, request: bytes, batch: int, seq: int, draft_vocab: int) -> Reply:
-        """One /generate of a [batch, seq] request: the reply in our encoding, checked complete.
+    async def init_nccl(self, body: bytes) -> dict[str, Any]:
+        """Ask for a p2p group (NeMo's endpoint name); the reply says where to join it."""
+        return await self.post_json(contract.INIT_NCCL, body)
 
-        A 409 no_vocab_mapping means the server lost our session (restart or expiry): the
-        mapping is re-sent and the request repeated once, which is safe since /generate is idempotent.
-        """
-        headers = {} if self.encoding == encodings.NEMO else {contract.ENCODING_HEADER: self.encoding}
-        answer = None if self.p2p is None else await self.p2p.generate(self, request, headers)
-        if answer is None:
-            try:
-                response, tensors = await self.post_tensors(contract.GENERATE, request, headers=headers)
-            except ServerError as exc:
-                if exc.status != 409 or exc.error != "no_vocab_mapping" or self.vocab_blob is None:
-                    raise
-                await self.set_vocab_mapping()
-                response, tensors = await self.post_tensors(contract.GENERATE, request, headers=headers)
-            answer = response.headers, tensors
-        reply_headers, tensors = answer
-        sent = reply_headers.get(contract.ENCODING_HEADER, encodings.NEMO)
-        if sent != self.encoding:
-            raise wire.WireError(f"{self.url}: asked for encoding {self.encoding!r}, the reply is {sent!r}")
-        want = encodings.expected(
-            self.encoding, batch, seq, self.info.hidden_size, draft_vocab, self._dtype()
-        )
-        encodings.check(tensors, want)
-        return Reply(self.encoding, {k: tensors[k] for k in want})
-
-    async def disconnect(self) -> None:
+    async def disconnect(self, timeout: float | None = None) -> None:
         """End our session only; the server keeps running for its other clients."""
-        await self.post_json(contract.DISCONNECT, b"{}")
+        limit = None if timeout is None else aiohttp.ClientTimeout(total=timeout)
+        await self.post_json(contract.DISCONNECT, b"{}", limit)
 
 
 def _server_error(url: str, path: str, status: int, payload: bytes) -> ServerError:

@@ -164,11 +164,15 @@ class EndpointResolver:
         return found
 
     async def resolve_until(
-        self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0
+        self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0, warn_every: float = 5.0
     ) -> list[str]:
-        """Retry with bounded, jittered backoff until some URL resolves or ``deadline`` (loop time) passes."""
+        """Retry with bounded, jittered backoff until some URL resolves or ``deadline`` (loop time) passes,
+        warning every ``warn_every`` seconds which names do not resolve and why."""
         loop = asyncio.get_running_loop()
+        started = loop.time()
+        warn_at = started + warn_every
         delay = first_delay
+        names = ", ".join(str(s) for s in self.specs)
         while True:
             try:
                 urls = await self.resolve()
@@ -177,12 +181,15 @@ class EndpointResolver:
                 problem = "resolved to no addresses"
             except DNS_ERRORS as exc:
                 problem = f"{type(exc).__name__}: {exc}"
-            left = deadline - loop.time()
-            names = ", ".join(str(s) for s in self.specs)
-            if left <= 0:
+            now = loop.time()
+            if now >= deadline:
                 raise EndpointError(
                     f"target endpoints {names} did not resolve in time; last error: {problem}"
                 )
-            log.info("waiting for %s (%s); retrying in %.1fs", names, problem, delay)
-            await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.0)))
+            if now >= warn_at:
+                log.warning(
+                    "target endpoints %s do not resolve after %.0fs: %s", names, now - started, problem
+                )
+                warn_at = now + warn_every
+            await asyncio.sleep(min(deadline - now, delay * random.uniform(0.5, 1.0)))
             delay = min(max_delay, delay * 2)

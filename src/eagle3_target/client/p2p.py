@@ -1,10 +1,11 @@
-"""The client side of the point-to-point data path, one channel per server connection.
+"""The client's side of the p2p path to one server: its group, rebuilt after a failure.
 
 Modes: "wire" never uses it; "auto" uses it when it is GPU-direct (the server
 offers NCCL and this process has CUDA); "p2p" also takes gloo on CPU and fails
 loudly when no group can be built (for benchmarks). A batch whose transfer
 fails, times out or is out of sequence is fetched again over the wire; the
-group is dropped and rebuilt after ``retry_after`` seconds.
+group is dropped and rebuilt after ``retry_after`` seconds. The HTTP half of a
+p2p /generate is fetch.py's: this module never speaks HTTP itself.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -22,12 +24,13 @@ from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.model_info import ModelInfo
-from eagle3_target.protocol.transport import GLOO, NCCL, PeerGroup, TransferError
+from eagle3_target.protocol.p2p import GLOO, NCCL, PeerGroup, TransferError
 
-from .connection import ServerConnection, ServerError
+from .connection import ServerError
 
 log = logging.getLogger(__name__)
-Answer = tuple[Mapping[str, str], dict[str, torch.Tensor | None]]  # reply headers, tensors
+
+InitNccl = Callable[[bytes], Awaitable[dict[str, Any]]]  # POST /init_nccl: body -> JSON reply
 
 
 class P2PUnavailable(RuntimeError):
@@ -40,7 +43,7 @@ def offered_backend(info: ModelInfo, mode: str) -> str:
     if mode == "wire":
         raise P2PUnavailable("the wire path was asked for")
     if offered not in (GLOO, NCCL):
-        raise P2PUnavailable("the server offers no point-to-point path")
+        raise P2PUnavailable("the server offers no p2p path")
     if offered == NCCL and not torch.cuda.is_available():
         raise P2PUnavailable("the server offers NCCL and this process has no CUDA device")
     if offered == GLOO and mode == "auto":
@@ -48,91 +51,90 @@ def offered_backend(info: ModelInfo, mode: str) -> str:
     return offered
 
 
+def wanted(info: ModelInfo, mode: str) -> bool:
+    """Whether a server joining with ``info`` gets a channel: where it offers a usable group, and always
+    in "p2p" mode (whose channel then fails loudly)."""
+    try:
+        offered_backend(info, mode)
+    except P2PUnavailable:
+        return mode == "p2p"
+    return True
+
+
 class P2PChannel:
-    def __init__(self, mode: str = "auto", *, timeout: float = 120.0, retry_after: float = 60.0):
+    """One server's group, for the channel's lifetime. Hold ``lock`` across a request and its transfer."""
+
+    def __init__(
+        self,
+        url: str,
+        info: ModelInfo,
+        mode: str = "auto",
+        *,
+        timeout: float = 120.0,
+        retry_after: float = 60.0,
+    ):
         if mode not in DATA_PATHS:
             raise ValueError(f"unknown data path {mode!r}; choose {', '.join(DATA_PATHS)}")
-        self.mode, self.timeout, self.retry_after = mode, timeout, retry_after
+        self.url, self.info, self.mode, self.timeout, self.retry_after = url, info, mode, timeout, retry_after
         self.group: PeerGroup | None = None
         self.next_seq = 0
         self.retry_at = 0.0  # monotonic time before which we do not try to build a group
         self.transfers = self.fallbacks = 0
-        self._lock = asyncio.Lock()  # one transfer at a time on the group, in sequence order
+        self.lock = asyncio.Lock()  # one transfer at a time on the group, in sequence order
 
-    # -- the hook ServerConnection.generate calls -----------------------------------------
+    def request_headers(self) -> dict[str, str]:
+        """What a /generate adds to ask for the next transfer over the group."""
+        return {contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: str(self.next_seq)}
 
-    async def generate(
-        self, conn: ServerConnection, request: bytes, headers: dict[str, str]
-    ) -> Answer | None:
-        """The reply's headers and tensors for ``request``; None means "use the wire path" (the caller then does)."""
-        async with self._lock:
-            return await self._generate(conn, request, headers)
-
-    async def _generate(
-        self, conn: ServerConnection, request: bytes, headers: dict[str, str]
-    ) -> Answer | None:
-        group = await self._group(conn)
-        if group is None:
-            return None
+    async def receive(
+        self, headers: Mapping[str, str], payload: bytes
+    ) -> dict[str, torch.Tensor | None] | None:
+        """The tensors a p2p reply (``headers`` and its metadata ``payload``) announces; None: fetch them
+        over the wire instead (the group is then dropped)."""
         seq = self.next_seq
-        headers = {**headers, contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: str(seq)}
         try:
-            response, payload = await conn.post(contract.GENERATE, request, headers=headers)
-        except ServerError as exc:
-            self.reset(f"/generate answered {exc.status}")  # our session (and its group) may be gone
-            if exc.status == 409 and exc.error == "no_vocab_mapping":
-                return None  # the wire path re-sends the mapping and repeats the request
-            raise
-        except Exception:
-            self.reset("the /generate request failed")  # we cannot know whether the server started sending
-            raise
-        if response.headers.get(contract.NCCL_HEADER) != "1":
-            self.reset("the server answered over the wire")
-            return response.headers, wire.decode(payload)
-        try:
-            if response.headers.get(contract.SEQUENCE_HEADER) != str(seq):
+            if headers.get(contract.SEQUENCE_HEADER) != str(seq):
                 raise TransferError(
-                    f"server echoed transfer {response.headers.get(contract.SEQUENCE_HEADER)}, not {seq}"
+                    f"server echoed transfer {headers.get(contract.SEQUENCE_HEADER)}, not {seq}"
                 )
             metadata = decode_metadata(payload)
             loop = asyncio.get_running_loop()
-            tensors = await loop.run_in_executor(None, group.recv, metadata, seq, self.timeout)
+            tensors = await loop.run_in_executor(None, self.group.recv, metadata, seq, self.timeout)
         except (TransferError, wire.WireError) as exc:
             self.reset(str(exc))
             self.fallbacks += 1
             return None
         self.next_seq += 1
         self.transfers += 1
-        return response.headers, tensors
+        return tensors
 
-    # -- group lifecycle -------------------------------------------------------------------
-
-    async def _group(self, conn: ServerConnection) -> PeerGroup | None:
+    async def ready(self, init_nccl: InitNccl) -> bool:
+        """Whether a group is up, building one if it is time to; False: use the wire for this request."""
         if self.group is not None and not self.group.closed:
-            return self.group
+            return True
         if time.monotonic() < self.retry_at:
-            return None
+            return False
         try:
-            self.group = await self._build(conn)
+            self.group = await self._build(init_nccl)
         except (TransferError, P2PUnavailable) as exc:
             self.retry_at = time.monotonic() + self.retry_after
             if self.mode == "p2p":
-                raise P2PUnavailable(f"{conn.url}: no point-to-point group: {exc}") from exc
-            log.info("%s: using the wire path: %s", conn.url, exc)
-            return None
+                raise P2PUnavailable(f"{self.url}: no p2p group: {exc}") from exc
+            log.info("%s: using the wire path: %s", self.url, exc)
+            return False
         self.next_seq = 0
-        log.info("%s: point-to-point %s group %s is up", conn.url, self.group.backend, self.group.name)
-        return self.group
+        log.info("%s: p2p %s group %s is up", self.url, self.group.backend, self.group.name)
+        return True
 
-    async def _build(self, conn: ServerConnection) -> PeerGroup:
-        offered = offered_backend(conn.info, self.mode)
+    async def _build(self, init_nccl: InitNccl) -> PeerGroup:
+        offered = offered_backend(self.info, self.mode)
         body = json.dumps({"backend": offered, "auth": contract.P2P_AUTH}).encode()
         try:
-            reply = await conn.post_json(contract.INIT_NCCL, body)
-        except ServerError as exc:
-            raise P2PUnavailable(str(exc)) from exc
+            reply = await init_nccl(body)
+        except ServerError as exc:  # a dropped connection is the pool's to handle: it propagates
+            raise P2PUnavailable(f"/{contract.INIT_NCCL} failed: {exc}") from exc
         if reply.get("status") != "ok" or "secret" not in reply:
-            raise P2PUnavailable(f"/init_nccl answered {reply}")
+            raise P2PUnavailable(f"/{contract.INIT_NCCL} answered {reply}")
         device = f"cuda:{torch.cuda.current_device()}" if offered == NCCL else "cpu"
         join = functools.partial(
             PeerGroup.join,
@@ -145,10 +147,16 @@ class P2PChannel:
         )
         return await asyncio.get_running_loop().run_in_executor(None, join)
 
+    def close(self) -> None:
+        """Drop the group for good: the agreement that held this channel has ended."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
     def reset(self, why: str) -> None:
         """Drop the group (the server drops its side on its own failure or at our next /init_nccl)."""
         if self.group is not None:
-            log.warning("dropping point-to-point group %s: %s", self.group.name, why)
+            log.warning("dropping p2p group %s: %s", self.group.name, why)
             self.group.close()
             self.group = None
             self.retry_at = time.monotonic() + self.retry_after

@@ -23,8 +23,9 @@ from . import GROUP, PLURAL, VERSION, builders, incluster
 from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
+from .planner import PodState, Rollout, plan
 from .spec import InvalidSpec, TargetSpec
-from .status import Observed, PodState, Rollout, compute_status, plan
+from .status import Observed, compute_status
 
 LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
 POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}

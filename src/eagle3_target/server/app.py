@@ -27,8 +27,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from eagle3_target.protocol import contract, encodings, metadata
+from eagle3_target.protocol.rendezvous import TransferError
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
-from eagle3_target.protocol.transport import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
 
 from .dataplane import DataPlane, PortRange

@@ -33,12 +33,10 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from eagle3_target.protocol import contract
-from eagle3_target.protocol.transport import (
-    NCCL,
-    PeerGroup,
+from eagle3_target.protocol.p2p import NCCL, PeerGroup, backend_for
+from eagle3_target.protocol.rendezvous import (
     PeerRejected,
     TransferError,
-    backend_for,
     group_name,
     hang_up,
     listen,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..backend import BatchHandle, RemoteTargetBackend, TargetBatch
-from ..dispatch import PoolOptions
+from ..options import PoolOptions
 from ._imports import nemo_module
 
 Eagle3TargetBackend = nemo_module("components.speculative.eagle.backend").Eagle3TargetBackend

@@ -21,8 +21,9 @@ def fleet_errors():
     from eagle3_target.protocol.encodings import EncodingError
 
     from ..connection import ServerError
-    from ..dispatch import BatchFailedError, ModelMismatchError
     from ..endpoints import EndpointError
+    from ..errors import BatchFailedError
+    from ..identity import ModelMismatchError
 
     try:
         yield

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from ..backend import RemoteTargetBackend
-from ..dispatch import PoolOptions
+from ..options import PoolOptions
 from . import cache, data
 from .options import UsageError
 from .progress import Progress

@@ -1,4 +1,4 @@
-"""The torch-only transport on its own: a real gloo pair over loopback (two threads, two groups)."""
+"""The p2p groups on their own: a real gloo pair over loopback (two threads, two groups)."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from eagle3_target.protocol.transport import GLOO, PeerGroup, TransferError, listen
+from eagle3_target.protocol.p2p import GLOO, PeerGroup
+from eagle3_target.protocol.rendezvous import TransferError, listen
 from eagle3_target.server.dataplane import PortRange
 
 

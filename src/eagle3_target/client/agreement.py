@@ -1,0 +1,46 @@
+"""What a server and this client agreed when it joined: its model, the encoding, the p2p channel.
+
+Made once per admission and never changed; a server that rejoins (after a
+quarantine) gets a new agreement, and its old channel is closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle3_target.protocol import contract, encodings
+from eagle3_target.protocol.model_info import ModelInfo
+
+from .p2p import P2PChannel, wanted
+
+
+@dataclass(frozen=True)
+class Agreement:
+    info: ModelInfo
+    encoding: str = encodings.NEMO
+    p2p: P2PChannel | None = None
+
+    @classmethod
+    def make(cls, url: str, info: ModelInfo, encoding: str, data_path: str, timeout: float) -> Agreement:
+        """The terms for a server offering ``info``: ``encoding`` as asked ("auto" allowed; EncodingError
+        if it does not offer it), a p2p channel where ``data_path`` and its offer allow one."""
+        chosen = encodings.choose(encoding, encodings.offered(info), url)
+        channel = P2PChannel(url, info, data_path, timeout=timeout) if wanted(info, data_path) else None
+        return cls(info, chosen, channel)
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The target dtype /model_info names; None where it names none (a stock NeMo server)."""
+        dtype = getattr(torch, str(self.info.dtype), None)
+        return dtype if isinstance(dtype, torch.dtype) else None
+
+    def request_headers(self) -> dict[str, str]:
+        """What a /generate sends to ask for our encoding (nothing for NeMo's own)."""
+        return {} if self.encoding == encodings.NEMO else {contract.ENCODING_HEADER: self.encoding}
+
+    def end(self) -> None:
+        """Close what the agreement holds: its p2p group."""
+        if self.p2p is not None:
+            self.p2p.close()
