@@ -24,7 +24,7 @@ from crd_support import admit
 from tools import REPO
 
 from eagle3_target.operator import builders
-from eagle3_target.operator.spec import TargetSpec
+from eagle3_target.operator.target_spec import TargetSpec
 
 TARGET = RELEASE  # the Eagle3Target is named after the release's full name, which is the chart name here
 CUSTOM_KINDS = {

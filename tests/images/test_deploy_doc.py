@@ -12,7 +12,7 @@ from chart.render import one, template
 from tools import REPO, install_tools
 
 from eagle3_target.operator import builders
-from eagle3_target.operator.spec import TargetSpec
+from eagle3_target.operator.target_spec import TargetSpec
 from eagle3_target.server import cli as serve_cli
 
 DOC = (REPO / "docs" / "deploy.md").read_text()

@@ -6,8 +6,8 @@ import pytest
 
 from eagle3_target.operator import builders
 from eagle3_target.operator.planner import PodState, Rollout, plan
-from eagle3_target.operator.spec import InvalidSpec, TargetSpec
 from eagle3_target.operator.status import Observed, compute_status, merge_conditions
+from eagle3_target.operator.target_spec import InvalidSpec, TargetSpec
 
 IMAGE = "registry.test/eagle3-target:test"
 

@@ -13,7 +13,7 @@ import yaml
 from crd_support import default
 
 from eagle3_target.operator import builders
-from eagle3_target.operator.spec import TargetSpec
+from eagle3_target.operator.target_spec import TargetSpec
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 

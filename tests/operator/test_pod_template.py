@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from eagle3_target.operator import builders
-from eagle3_target.operator.spec import InvalidSpec, TargetSpec
+from eagle3_target.operator.target_spec import InvalidSpec, TargetSpec
 
 from .operator_support import SPEC
 

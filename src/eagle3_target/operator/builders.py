@@ -11,7 +11,7 @@ import json
 from eagle3_target.protocol import contract
 
 from . import GROUP
-from .spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
+from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
 
 MANAGER = "eagle3-target-operator"
 TARGET_LABEL = f"{GROUP}/target"

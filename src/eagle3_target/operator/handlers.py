@@ -24,8 +24,8 @@ from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
 from .planner import PodState, Rollout, plan
-from .spec import InvalidSpec, TargetSpec
 from .status import Observed, compute_status
+from .target_spec import InvalidSpec, TargetSpec
 
 LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
 POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
