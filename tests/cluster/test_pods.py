@@ -1,0 +1,229 @@
+"""Pods that really run: the chart's fleet on a real kubelet node, from the CI-built images.
+
+One node and one `helm install` serve every test here (module scope): the node's start, the images' import and
+the fleet's start are the slow part, and each test leaves the fleet as it found it (healed, REPLICAS Ready).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from client.client_support import assert_batch_matches, draft_vocab, expected, make_batch, wait_until
+from cluster.cluster_dns import cluster_dns, wait_for_answer
+from cluster.fleet import (
+    HTTP_PORT,
+    NAMESPACE,
+    RELEASE,
+    REPLICAS,
+    SERVER_CONTAINER,
+    TARGET,
+    Kube,
+    built_images,
+    chart_values,
+    ready,
+    restarts,
+    wait_for_fleet,
+)
+from cluster.node import GATEWAY, NODE_NAME, POD_SUBNET, firewall_problems, start_node
+
+from eagle3_target.client import PoolOptions, RemoteTargetBackend
+from eagle3_target.server.runners.hf import HFRunner
+
+pytestmark = pytest.mark.timeout(900)
+
+CHART = str(Path(__file__).resolve().parents[2] / "charts" / "eagle3-target")
+SERVICE = f"{TARGET}.{NAMESPACE}.svc.cluster.local"
+OPTIONS = PoolOptions(
+    resolve_interval=0.5,
+    min_resolve_gap=0.2,
+    request_timeout=20,
+    deadline=240,  # a batch may wait out a whole fleet restart; it must not be dropped
+    start_timeout=60,
+    backoff_base=0.05,
+    backoff_max=1.0,
+    heartbeat_interval=1.0,
+)
+TIMES: dict[str, float] = {}  # what each stage took, printed at the end of the module (-s or the report)
+
+
+def timed(stage: str, started: float) -> None:
+    TIMES[stage] = round(time.monotonic() - started, 1)
+
+
+@pytest.fixture(scope="module")
+def images():
+    return built_images()
+
+
+@pytest.fixture(scope="module")
+def kube(control_plane, kubectl, helm):
+    return Kube(str(kubectl.binary), str(helm.binary), str(control_plane.admin_kubeconfig))
+
+
+@pytest.fixture(scope="module")
+def node(k8s_assets, control_plane, kube, images, tmp_path_factory):
+    started = time.monotonic()
+    node = start_node(k8s_assets, control_plane.run_dir, tmp_path_factory.mktemp("node"), kube.kubectl)
+    try:
+        assert firewall_problems() == [], "the node started without its firewall"
+        TIMES["node start"] = round(node.start_seconds, 1)
+        TIMES["image import"] = round(node.import_images(*images), 1)
+        timed("node + images", started)
+        yield node
+    finally:
+        node.stop()
+        # gone for good, as a drained node: later tests' pods are not bound to it
+        kube.run("kubectl", "delete", "node", NODE_NAME, "--wait=false", check=False)
+        print(f"\ncluster-pods times (s): {TIMES}")
+
+
+@pytest.fixture(scope="module")
+def dns(control_plane, node):
+    with cluster_dns(str(control_plane.admin_kubeconfig), GATEWAY) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def fleet(kube, node, dns, images, tmp_path_factory):
+    started = time.monotonic()
+    kube.install(CHART, chart_values(*images), str(tmp_path_factory.mktemp("helm") / "values.yaml"))
+    timed("helm install (operator Ready)", started)
+    pods = wait_for_fleet(kube)
+    timed("helm install -> fleet Ready", started)
+    yield pods
+    kube.run("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "2m", check=False)
+
+
+def test_node_is_the_bridge_and_the_firewall_holds_while_pods_run(kube, fleet):
+    assert firewall_problems() == []
+    node = kube.get("nodes")["items"][0]
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == GATEWAY  # never the machine's own eth0 address
+    subnet_prefix = POD_SUBNET.rsplit(".", 1)[0] + "."
+    for pod in kube.get("pods", "-A")["items"]:
+        assert pod["status"].get("podIP", "").startswith(subnet_prefix), pod["metadata"]["name"]
+
+
+def test_endpoint_slices_list_the_ready_fleet(kube, fleet, dns):
+    slices = kube.get("endpointslices", "-n", NAMESPACE, "-l", f"kubernetes.io/service-name={TARGET}")
+    listed = {
+        e["addresses"][0]
+        for s in slices["items"]
+        for e in s.get("endpoints") or ()
+        if e["conditions"].get("ready")
+    }
+    assert listed == {p["status"]["podIP"] for p in fleet}
+    _, nameserver = dns
+    records = wait_for_answer(nameserver, SERVICE, "A", REPLICAS)
+    assert {r.address for r in records} == listed
+    srv = wait_for_answer(nameserver, f"_http._tcp.{SERVICE}", "SRV", REPLICAS)
+    assert {r.port for r in srv} == {HTTP_PORT}
+    by_name = {
+        p["spec"]["hostname"]: p["status"]["podIP"] for p in fleet
+    }  # <pod>.<name>-peers, as the chart's test
+    for hostname, ip in by_name.items():
+        [record] = wait_for_answer(
+            nameserver, f"{hostname}.{TARGET}-peers.{NAMESPACE}.svc.cluster.local", "A", 1
+        )
+        assert record.address == ip
+
+
+def test_helm_test_passes_against_the_running_fleet(kube, fleet):
+    out = kube.run("helm", "test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "3m", timeout=200)
+    assert "Phase:          Succeeded" in out, out
+    assert out.count("ok   http://") == REPLICAS + 1, out  # each replica by name, and the Service
+
+
+def server_pid(node, pod_name: str) -> int:
+    """The server process of a pod's container, as the host sees it."""
+    container = node.crictl(
+        "ps", "-q", "--name", SERVER_CONTAINER, "--label", f"io.kubernetes.pod.name={pod_name}"
+    ).split()
+    assert len(container) == 1, f"{pod_name}: running server containers {container}"
+    return int(node.crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", container[0]))
+
+
+def disrupt(kube: Kube, node, fleet: list[dict], log: list[str]) -> None:
+    """Delete one target pod, wait for the operator's replacement; then SIGKILL the other's server process,
+    wait for the kubelet's restart. Each step leaves REPLICAS pods Ready."""
+    first, second = fleet[0]["metadata"], fleet[1]["metadata"]
+    kube.run("kubectl", "delete", "pod", first["name"], "-n", NAMESPACE, "--wait=false")
+    started = time.monotonic()
+    healed = wait_for_fleet(kube, avoid_uids=frozenset({first["uid"]}))
+    timed("pod deleted -> replaced and Ready", started)
+    log.append(f"replaced {first['name']}")
+    before = restarts(next(p for p in healed if p["metadata"]["uid"] == second["uid"]))
+    os.kill(server_pid(node, second["name"]), signal.SIGKILL)
+    started = time.monotonic()
+    wait_until(lambda: restarts(kube.get("pod", second["name"], "-n", NAMESPACE)) > before, timeout=120)
+    wait_for_fleet(kube)
+    timed("server killed -> restarted and Ready", started)
+    log.append(f"restarted {second['name']}")
+
+
+def test_client_trains_exact_batches_through_cluster_dns_while_the_fleet_heals(kube, node, fleet, dns):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the pods (OMP_NUM_THREADS=1): a bit-identical reference
+    try:
+        run_batches_through_disruptions(kube, node, fleet, dns)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_batches_through_disruptions(kube, node, fleet, dns) -> None:
+    runner, vocab = HFRunner.load(), draft_vocab()
+    _, nameserver = dns
+    healed, log, failure = threading.Event(), [], []
+
+    def disruptions() -> None:
+        try:
+            disrupt(kube, node, fleet, log)
+        except BaseException as exc:  # reported by the main thread
+            failure.append(exc)
+        finally:
+            healed.set()
+
+    def inputs():  # batches flow until both disruptions are healed, then 10 more
+        seed = 0
+        while not healed.is_set():
+            yield make_batch(seed)
+            seed += 1
+        yield from (make_batch(tail) for tail in range(seed, seed + 10))
+
+    received, fewest_healthy = 0, REPLICAS
+    with RemoteTargetBackend(
+        f"dns://{SERVICE}:{HTTP_PORT}", nameserver=nameserver, options=OPTIONS
+    ) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        wait_until(lambda: backend.healthy_servers == REPLICAS, timeout=60)
+        worker = threading.Thread(target=disruptions, name="disrupt", daemon=True)
+        worker.start()
+        for got in backend.prefetch(inputs(), depth=2):
+            # in order, each equal to its own batch's reference: none lost, none duplicated, none mixed up
+            batch = make_batch(received)
+            assert_batch_matches(got, expected(runner, vocab, *batch), batch[1])
+            received += 1
+            fewest_healthy = min(fewest_healthy, backend.healthy_servers)
+        worker.join(10)
+        wait_until(lambda: backend.healthy_servers == REPLICAS, timeout=60)
+    assert not failure, failure
+    assert log == [f"replaced {fleet[0]['metadata']['name']}", f"restarted {fleet[1]['metadata']['name']}"]
+    assert fewest_healthy < REPLICAS  # the client did lose a server on the way, and carried on
+    assert received > 10
+    assert all(ready(p) for p in kube.target_pods())
+    TIMES["batches through the disruptions"] = received
+
+
+def test_the_operator_pod_leads_with_its_service_account(kube, fleet):
+    """In-cluster login: the pod's own token, `kubernetes.default.svc` through the cluster DNS."""
+    pods = kube.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert len(pods) == 1 and ready(pods[0])
+    assert pods[0]["spec"]["serviceAccountName"] == f"{RELEASE}-eagle3-target-operator"
+    lease = kube.get("lease", "eagle3-target-operator", "-n", NAMESPACE)
+    assert lease["spec"]["holderIdentity"].startswith(pods[0]["metadata"]["name"])
