@@ -1,8 +1,7 @@
 """The fleet on the real node, installed the way the deploy walkthrough says: `helm install` of the chart with the
 CI-built operator and server images (imported into containerd, `pullPolicy: Never`), the embedded tiny model on
-CPU. The operator runs as a pod with the chart's ServiceAccount and RBAC and logs in in-cluster: the pod's
-`kubernetes.default.svc` resolves through the test's cluster DNS to the kubernetes Service, which the node maps
-to the loopback API server.
+CPU. The operator runs as a pod with the chart's ServiceAccount and RBAC and logs in in-cluster at the
+kubernetes Service's address (KUBERNETES_SERVICE_HOST), which the node maps to the loopback API server.
 """
 
 from __future__ import annotations

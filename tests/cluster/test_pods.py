@@ -56,13 +56,13 @@ def timed(stage: str, started: float) -> None:
     TIMES[stage] = round(time.monotonic() - started, 1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session, as the control plane: checked before it starts
 def images():
     return built_images()
 
 
 @pytest.fixture(scope="module")
-def kube(control_plane, kubectl, helm):
+def kube(images, control_plane, kubectl, helm):
     return Kube(str(kubectl.binary), str(helm.binary), str(control_plane.admin_kubeconfig))
 
 
@@ -97,7 +97,7 @@ def fleet(kube, node, dns, images, tmp_path_factory):
     pods = wait_for_fleet(kube)
     timed("helm install -> fleet Ready", started)
     yield pods
-    kube.run("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "2m", check=False)
+    kube.run("helm", "uninstall", RELEASE, "-n", NAMESPACE, check=False)  # the node stop removes the pods
 
 
 def test_node_is_the_bridge_and_the_firewall_holds_while_pods_run(kube, fleet):
@@ -221,7 +221,7 @@ def run_batches_through_disruptions(kube, node, fleet, dns) -> None:
 
 
 def test_the_operator_pod_leads_with_its_service_account(kube, fleet):
-    """In-cluster login: the pod's own token, `kubernetes.default.svc` through the cluster DNS."""
+    """In-cluster login: the pod's own token, the kubernetes Service's address mapped by the node."""
     pods = kube.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
     assert len(pods) == 1 and ready(pods[0])
     assert pods[0]["spec"]["serviceAccountName"] == f"{RELEASE}-eagle3-target-operator"
