@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import yaml
+from cluster.node import TOLERATION
 from tiers import missing
 
 NAMESPACE = "fleet"
@@ -45,7 +46,11 @@ def chart_values(server_image: str, operator_image: str) -> dict:
     fast = {"periodSeconds": 1, "timeoutSeconds": 5}
     return {
         # its own namespace only: the tier's other tests run operators and targets of their own
-        "operator": {"image": _repository_and_tag(operator_image), "watchNamespaces": [NAMESPACE]},
+        "operator": {
+            "image": _repository_and_tag(operator_image),
+            "watchNamespaces": [NAMESPACE],
+            "tolerations": [TOLERATION],
+        },
         "target": {
             "name": TARGET,
             "model": "embedded-tiny-llama",
@@ -53,6 +58,7 @@ def chart_values(server_image: str, operator_image: str) -> dict:
             "replicas": REPLICAS,
             "image": _repository_and_tag(server_image),
             "modelCache": {"sizeLimit": "1Gi"},
+            "tolerations": [TOLERATION],  # the helm test pod's too
             "probes": {
                 "startup": {**fast, "failureThreshold": 120},
                 "readiness": {**fast, "failureThreshold": 2},

@@ -9,6 +9,7 @@ host traffic to the service CIDR; at teardown they are gone. Processes stop by t
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +27,10 @@ FORWARD_CHAIN, OUTPUT_CHAIN = "K8SNODE-FWD", "K8SNODE-OUT"
 # The API server reaches the kubelet (logs, exec) at the node's Hostname address: a name that resolves to the
 # loopback kubelet on any machine.
 NODE_NAME = "localhost"
+# Only pods that tolerate this land on the node. A pod of another test whose image is not on the node would
+# make containerd try to pull it from a registry: traffic that must never leave the machine.
+TAINT = {"key": "eagle3.dev/test-node", "value": "images-imported", "effect": "NoSchedule"}
+TOLERATION = {"key": TAINT["key"], "operator": "Exists", "effect": TAINT["effect"]}
 NODE_PACKAGES = ".ci/node installs containerd, runc, the CNI plugins and iptables; podman: container-base.sh"
 
 
@@ -166,6 +171,21 @@ def start_node(bin_dir: Path, run_dir: Path, node_dir: Path, kubectl: str) -> No
     }
     node = Node(script, env, "", 0.0)
     node.kubeconfig = node.run("credentials", str(run_dir)).strip()
+    # registered tainted before the kubelet starts, which adopts the Node object as it is
+    tainted = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE_NAME},
+        "spec": {"taints": [TAINT]},
+    }
+    admin = ["--kubeconfig", str(run_dir / "admin.kubeconfig")]
+    subprocess.run(
+        [kubectl, *admin, "create", "-f", "-"],
+        input=json.dumps(tainted),
+        text=True,
+        check=True,
+        capture_output=True,
+    )
     started = time.monotonic()
     try:
         node.run("start", node.kubeconfig)

@@ -6,6 +6,7 @@ the fleet's start are the slow part, and each test leaves the fleet as it found 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import threading
@@ -30,7 +31,7 @@ from cluster.fleet import (
     restarts,
     wait_for_fleet,
 )
-from cluster.node import GATEWAY, NODE_NAME, POD_SUBNET, firewall_problems, start_node
+from cluster.node import GATEWAY, NODE_NAME, POD_SUBNET, TAINT, firewall_problems, start_node
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.server.runners.hf import HFRunner
@@ -102,12 +103,14 @@ def fleet(kube, node, dns, images, tmp_path_factory):
 
 def test_node_is_the_bridge_and_the_firewall_holds_while_pods_run(kube, fleet):
     assert firewall_problems() == []
-    node = kube.get("nodes")["items"][0]
+    [node] = kube.get("nodes")["items"]
+    assert TAINT in node["spec"]["taints"]  # nothing of other tests lands here and pulls an image
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addresses["InternalIP"] == GATEWAY  # never the machine's own eth0 address
-    subnet_prefix = POD_SUBNET.rsplit(".", 1)[0] + "."
-    for pod in kube.get("pods", "-A")["items"]:
-        assert pod["status"].get("podIP", "").startswith(subnet_prefix), pod["metadata"]["name"]
+    on_node = kube.get("pods", "-A", "--field-selector", f"spec.nodeName={NODE_NAME}")["items"]
+    assert len(on_node) == REPLICAS + 1  # the targets and the operator
+    for pod in on_node:
+        assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(POD_SUBNET)
 
 
 def test_endpoint_slices_list_the_ready_fleet(kube, fleet, dns):
