@@ -1,0 +1,72 @@
+"""Writes what examples/nemo/recipe.yaml trains on, into the current directory (nothing is downloaded):
+
+    target/               a tiny random Llama (the server's embedded one, its head sharpened so the target's
+                          distributions are peaked) with a word-level tokenizer and a chat template
+    conversations.jsonl   OpenAI-style `messages` rows whose answers follow a pattern a draft can learn
+
+Then, from the same directory (docs/nemo.md):
+
+    eagle3-target serve --model target --host 127.0.0.1 --port 8001 &
+    EAGLE3_TARGET_SERVICE=http://127.0.0.1:8001 eagle3-target train-draft --config recipe.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from eagle3_target.server.runners.tiny import TINY_LLAMA, build_tiny_llama
+
+SPECIAL = ["<unk>", "<s>", "</s>", "<pad>", "user", "assistant", ":"]
+# NeMo's recipe trains only on the assistant's turns: {% generation %} marks them for the tokenizer.
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} : "
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }} </s>{% endgeneration %}"
+    "{% else %}{{ m['content'] }} </s>{% endif %} {% endfor %}"
+)
+
+
+def write_target(path: Path, sharpen: float = 30.0) -> list[str]:
+    model = build_tiny_llama(seed=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)  # a random head alone gives near-uniform targets
+    model.save_pretrained(path)
+    words = [f"w{i}" for i in range(TINY_LLAMA["vocab_size"] - len(SPECIAL))]
+    word_level = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIAL + words)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=word_level, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return words
+
+
+def write_conversations(path: Path, words: list[str], rows: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as out:
+        for _ in range(rows):
+            question = " ".join(rng.sample(words, rng.randint(3, 8)))
+            first = rng.randrange(len(words) - 8)
+            answer = " ".join(words[first + i % 5] for i in range(rng.randint(8, 16)))  # a repeating run
+            turns = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            out.write(json.dumps({"messages": turns}) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write the NeMo example's tiny target and conversations.")
+    parser.add_argument("--rows", type=int, default=64, help="conversations to write (default 64)")
+    args = parser.parse_args()
+    words = write_target(Path("target"))
+    write_conversations(Path("conversations.jsonl"), words, args.rows)
+    print(f"wrote target/ and conversations.jsonl ({args.rows} rows) in {Path.cwd()}")
+
+
+if __name__ == "__main__":
+    main()
