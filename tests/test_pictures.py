@@ -20,7 +20,9 @@ def test_the_committed_svg_is_the_render_of_its_source(source, tmp_path):
     rendered = tmp_path / "rendered.svg"
     subprocess.run(["dot", "-Tsvg", str(source), "-o", str(rendered)], check=True, timeout=60)
     committed = source.with_suffix(".svg")
-    assert committed.read_text() == rendered.read_text(), f"run scripts/render-pictures.sh: {committed} is stale"
+    assert committed.read_text() == rendered.read_text(), (
+        f"run scripts/render-pictures.sh: {committed} is stale"
+    )
 
 
 def test_the_readme_shows_the_architecture_picture():
