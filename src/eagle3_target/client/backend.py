@@ -99,6 +99,10 @@ class RemoteTargetBackend:
     ``device``: where batches land; default: the device of each call's input_ids.
     ``encoding``: "auto", "nemo", "logits" or "hidden" (see protocol/encodings.py); default:
     ``options.encoding``, itself "auto". A server that does not offer it is refused (EncodingError).
+
+    The constructor returns once one server is ready. It waits at most ``options.start_timeout``
+    (300 s), warning every ``options.wait_log_interval`` (5 s) which servers it cannot reach and why,
+    then raises EndpointError (no name resolved) or BatchFailedError (no server became ready).
     """
 
     def __init__(
