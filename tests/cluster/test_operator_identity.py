@@ -96,15 +96,19 @@ def run_lifecycle(control_plane, kubectl, namespace: str, operator) -> None:
     wait_rolled_out(kubelet, kubectl, namespace, 2, "example.test/server:1", 8001)
     stored = kubectl.json("-n", namespace, "get", "e3t", "llama")
     assert LEGACY_FINALIZER not in stored["metadata"].get("finalizers", [])
-    children = {
-        f"{kind}/{name}"
-        for kind, name in (("service", "llama"), ("service", "llama-peers"), ("configmap", "llama-client"))
-    }
+    status = stored["status"]
+    assert status["selector"] == "eagle3.dev/target=llama,app.kubernetes.io/component=target"
+    assert status["endpoints"] == ["127.0.0.2:8001", "127.0.0.3:8001"]
+    assert status["observedGeneration"] == stored["metadata"]["generation"]
+    pods = [f"pod/{p['metadata']['name']}" for p in kubelet.pods()]
+    assert sorted(pods) == ["pod/llama-0", "pod/llama-1"]
+    children = ["service/llama", "service/llama-peers", "configmap/llama-client", *pods]
     for child in children:
         owners = kubectl.json("-n", namespace, "get", child)["metadata"]["ownerReferences"]
-        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [
-            ("Eagle3Target", stored["metadata"]["uid"], True)
+        assert [(o["kind"], o["uid"], o["controller"], o["blockOwnerDeletion"]) for o in owners] == [
+            ("Eagle3Target", stored["metadata"]["uid"], True, True)
         ], child
+    first_uid = kubectl.json("-n", namespace, "get", "pod/llama-0")["metadata"]["uid"]
 
     # an unchanged fleet: several resyncs (--interval 1) later, not one write (the server's defaulting and
     # pruning of what the operator sent must still compare equal)
@@ -116,6 +120,9 @@ def run_lifecycle(control_plane, kubectl, namespace: str, operator) -> None:
     wait_rolled_out(kubelet, kubectl, namespace, 3, "example.test/server:1", 8001)
     kubectl("-n", namespace, "scale", "e3t/llama", "--replicas=1")
     wait_rolled_out(kubelet, kubectl, namespace, 1, "example.test/server:1", 8001)
+    # scaling rolls no pod, and scaling down removes the highest ordinals
+    assert [(p["metadata"]["name"], p["metadata"]["uid"]) for p in kubelet.pods()] == [("llama-0", first_uid)]
+    assert kubectl.json("-n", namespace, "get", "e3t/llama")["status"]["endpoints"] == ["127.0.0.2:8001"]
     kubectl("-n", namespace, "scale", "e3t/llama", "--replicas=2")
     wait_rolled_out(kubelet, kubectl, namespace, 2, "example.test/server:1", 8001)
 
@@ -178,6 +185,9 @@ def test_the_manifests_identity_runs_a_whole_lifecycle_with_least_privilege(
     finally:
         operator.stop()
     assert operator.proc.returncode == 0, operator.output()[-3000:]
+    # SIGTERM releases the Lease, so that a standby need not wait for it to expire
+    released = kubectl.json("-n", "eagle3-system", "get", "lease", "eagle3-target-operator")["spec"]
+    assert not released.get("holderIdentity")
     assert_least_privilege(control_plane, operator, rbac)
 
 

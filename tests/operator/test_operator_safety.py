@@ -9,8 +9,6 @@ import kmock
 
 from .operator_support import SPEC, condition, kubelet, ready_all
 
-LEGACY_FINALIZER = "eagle3.dev/kopf-finalizer"
-
 
 def rolled_out(target: dict, generation: int) -> bool:
     status = target.get("status", {})
@@ -21,20 +19,8 @@ def rolled_out(target: dict, generation: int) -> bool:
     )
 
 
-async def test_no_finalizer_and_children_carry_a_controller_reference(operator):
-    # a target left over from an operator version whose timers needed kopf's finalizer
-    created = await operator.create_target(
-        "llama",
-        SPEC,
-        metadata={"name": "llama", "namespace": operator.namespace, "finalizers": [LEGACY_FINALIZER]},
-    )
-    await operator.eventually(lambda: len(operator.pods()) == 2 and len(operator.services()) == 2)
-    await operator.eventually(lambda: not operator.target("llama")["metadata"].get("finalizers"))
-    for child in [*operator.pods().values(), *operator.services().values(), *operator.configmaps().values()]:
-        (ref,) = child["metadata"]["ownerReferences"]
-        assert ref["uid"] == created["metadata"]["uid"] and ref["kind"] == "Eagle3Target"
-        assert ref["controller"] is True and ref["blockOwnerDeletion"] is True
-
+async def test_no_finalizer_and_deletion_never_waits_for_the_operator(operator):
+    """(Controller references, blockOwnerDeletion and the legacy finalizer's removal: tests/cluster.)"""
     await operator.create_target("fresh", {**SPEC, "replicas": 1})
     await operator.eventually(lambda: "fresh-0" in operator.pods())
     await asyncio.sleep(0.6)  # a few resyncs: still nothing of ours
