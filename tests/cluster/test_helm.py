@@ -7,7 +7,10 @@ running target pods, belong to the node tier."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -55,6 +58,20 @@ def release_objects(kubectl) -> set[str]:
 
 def test_install_upgrade_with_a_crd_change_and_uninstall_leave_nothing_behind(empty_cluster, tmp_path):
     kubectl, helm = empty_cluster
+    # an operator started before its CRD exits (its Deployment restarts it) instead of idling unnoticed
+    env = {**os.environ, "KUBECONFIG": str(kubectl.config), "HOME": str(tmp_path)}
+    early = subprocess.run(
+        [sys.executable, "-m", "eagle3_target.cli", "operator", "--liveness=", "--no-leader-election"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        early.returncode != 0
+        and "eagle3targets.eagle3.dev/v1alpha1 is not served: install the CRD first" in early.stderr
+    )
+
     helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *INSTALL)
     kubectl("wait", "--for=condition=Established", "crd/eagle3targets.eagle3.dev", "--timeout=60s")
     installed = release_objects(kubectl)

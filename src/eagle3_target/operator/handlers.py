@@ -81,6 +81,10 @@ async def configure(
     # list and watch only the operator's pods, not every pod of the cluster
     settings.watching.label_selectors["v1", "pods"] = f"app.kubernetes.io/managed-by={builders.MANAGER}"
     api = await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG"))
+    # without scanning kopf would idle forever on a resource missing at startup: exit instead, so that the
+    # Deployment's restarts pick the CRD up once it is installed
+    if not await _served(api):
+        raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD first")
     memo.children = Children(api)
     memo.targets = {}
     memo.leader = (
@@ -89,6 +93,17 @@ async def configure(
         else AlwaysLeader()
     )
     memo.tasks = [asyncio.create_task(memo.leader.run()), asyncio.create_task(_resync(memo, target_pods))]
+
+
+async def _served(api: kr8s.asyncio.Api) -> bool:
+    """Whether the API server serves our resource (one discovery request, which every identity may make)."""
+    try:
+        async with api.call_api("GET", version="", base="/apis", url=f"{GROUP}/{VERSION}") as response:
+            return any(r["name"] == PLURAL for r in response.json()["resources"])
+    except kr8s.ServerError as e:
+        if e.response is not None and e.response.status_code == 404:
+            return False
+        raise
 
 
 @kopf.on.cleanup()
