@@ -1,9 +1,11 @@
-"""The committed pictures are what their sources render: Graphviz sources by scripts/render-pictures.sh."""
+"""The committed pictures are what their sources render: Graphviz sources by scripts/render-pictures.sh, the
+benchmark plots by docs/pictures/bench_plots.py."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,26 @@ def test_the_committed_svg_is_the_render_of_its_source(source, tmp_path):
     assert committed.read_text() == rendered.read_text(), (
         f"run scripts/render-pictures.sh: {committed} is stale"
     )
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_the_benchmark_plots_are_redrawn_by_their_script(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "pictures" / "bench_plots.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    drawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert drawn == ["client-scaling.png", "encodings.png"]
+    for name in drawn:
+        assert png_size(tmp_path / name) == png_size(ROOT / "docs" / "pictures" / name), name
 
 
 def test_the_readme_shows_the_architecture_picture():
