@@ -6,6 +6,7 @@ An unchanged fleet costs no writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -227,3 +228,62 @@ def test_the_charts_watch_namespaces_identity_runs_a_whole_lifecycle_with_least_
         kubectl("delete", "namespace", home, "--wait=false")
     assert operator.proc.returncode == 0, operator.output()[-3000:]
     assert_least_privilege(control_plane, operator, rbac)
+
+
+def test_the_finalizers_grant_is_what_lets_children_block_their_owners_deletion(
+    crd, control_plane, kubectl, namespace, tmp_path
+):
+    """The one grant no request uses: OwnerReferencesPermissionEnforcement refuses a child with
+    blockOwnerDeletion to whoever may not update the owner's finalizers."""
+    kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(target(namespace, model="m")))
+    uid = kubectl.json("-n", namespace, "get", "e3t", "llama")["metadata"]["uid"]
+    kubectl("-n", namespace, "create", "serviceaccount", "writer")
+    kubectl("-n", namespace, "create", "role", "writer", "--verb=create", "--resource=configmaps")
+    kubectl(
+        "-n",
+        namespace,
+        "create",
+        "rolebinding",
+        "writer",
+        "--role=writer",
+        f"--serviceaccount={namespace}:writer",
+    )
+    token = kubectl("-n", namespace, "create", "token", "writer").stdout.strip()
+    writer = dataclasses.replace(kubectl, config=control_plane.write_kubeconfig(tmp_path / "w", token=token))
+    owner = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Target",
+        "name": "llama",
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+    def child(name: str) -> str:
+        meta = {"name": name, "namespace": namespace, "ownerReferences": [owner]}
+        return json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
+
+    refused = writer("create", "-f", "-", input=child("first"), check=False)
+    assert refused.returncode != 0 and "cannot set blockOwnerDeletion" in refused.stderr, refused.stderr
+    kubectl(
+        "-n",
+        namespace,
+        "create",
+        "role",
+        "finalizers",
+        "--verb=update",
+        "--resource=eagle3targets.eagle3.dev/finalizers",
+    )
+    kubectl(
+        "-n",
+        namespace,
+        "create",
+        "rolebinding",
+        "finalizers",
+        "--role=finalizers",
+        f"--serviceaccount={namespace}:writer",
+    )
+    # the authorizer sees the new binding within moments
+    eventually(
+        lambda: writer("create", "-f", "-", input=child("second"), check=False).returncode == 0, timeout=10
+    )
