@@ -3,6 +3,8 @@ API (moto's server on loopback), a worker SIGKILLed mid-run and resumed, progres
 
 from __future__ import annotations
 
+import logging
+import re
 import signal
 import time
 
@@ -59,7 +61,9 @@ def test_two_worker_processes_write_to_s3_the_cache_one_writes_locally(hf_server
     assert stored == cache_files(tmp_path / "one")
 
 
-def test_a_sigkilled_worker_leaves_whole_shards_and_resumes_to_the_same_bytes(slow_fleet, target, tmp_path):
+def test_a_sigkilled_worker_leaves_whole_shards_and_resumes_to_the_same_bytes(
+    slow_fleet, target, tmp_path, caplog
+):
     server, model = slow_fleet
     chats = target[1]
     flags = ["--skip-config-digest"]
@@ -81,8 +85,10 @@ def test_a_sigkilled_worker_leaves_whole_shards_and_resumes_to_the_same_bytes(sl
 
     metrics = tmp_path / "precompute.prom"
     resumed = argv(server.url, killed, model, chats, *flags, "--resume", "--metrics-file", str(metrics))
-    assert precompute(*resumed) == 0
+    with caplog.at_level(logging.INFO, logger="eagle3_target.precompute"):
+        assert precompute(*resumed, "--log-interval", "0") == 0  # off a terminal: a line per batch
     assert cache_files(killed) == reference
+    assert re.search(r"\d+/\d+ samples, [\d,]+ tokens/s, [\d.,]+ MB/s", caplog.text), caplog.text
     counters = dict(
         line.rsplit(" ", 1) for line in metrics.read_text().splitlines() if not line.startswith("#")
     )

@@ -43,6 +43,17 @@ app.kubernetes.io/name: {{ include "eagle3-target.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* ---- precompute: the Indexed Job writing the offline cache ---- */}}
+{{- define "eagle3-target.precompute.labels" -}}
+{{ include "eagle3-target.labels" . }}
+app.kubernetes.io/component: precompute
+{{- end }}
+
+{{- define "eagle3-target.precompute.selectorLabels" -}}
+{{ include "eagle3-target.selectorLabels" . }}
+app.kubernetes.io/component: precompute
+{{- end }}
+
 {{/* ---- operator: Deployment, ServiceAccount, RBAC ---- */}}
 {{- define "eagle3-target.operator.fullname" -}}
 {{- printf "%s-operator" (include "eagle3-target.fullname" .) | trunc 63 | trimSuffix "-" }}

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     with fleet_errors():
         try:
-            print(precompute(args, token))
+            print(precompute(args, token).summary())
         except ImportError as exc:
             if isinstance(exc, ModuleNotFoundError):
                 raise

@@ -107,7 +107,13 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept --encoding hidden, whose target_probs are close to but not NeMo's",
     )
-    p.add_argument("--max-in-flight", type=int, default=1, help="requests per server (default 1)")
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=2,
+        help="requests per server (default 2: a server runs one and queues the next, so it never waits on "
+        "this worker's shard writes)",
+    )
     p.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds to find a ready server (default 300)"
     )

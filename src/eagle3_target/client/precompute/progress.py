@@ -25,6 +25,7 @@ class Progress:
     ):
         self.planned, self.worker, self.log_interval = planned, worker, log_interval
         self.samples = self.tokens = self.bytes = self.shards = 0
+        self.wall = 0.0  # seconds from the first request to the last shard, once closed
         self.started = self._logged = time.monotonic()
         self.metrics_file = metrics_file
         self.registry = CollectorRegistry()
@@ -35,8 +36,10 @@ class Progress:
         Gauge("eagle3_precompute_planned_samples", "samples this worker owns", registry=self.registry).set(
             planned
         )
-        if metrics_port is not None:
-            start_http_server(metrics_port, registry=self.registry)
+        # Scraped while the run lasts (a Job's pod), closed with it.
+        self.http = (
+            start_http_server(metrics_port, registry=self.registry) if metrics_port is not None else None
+        )
         self.bar = (
             tqdm(total=planned, unit="sample", dynamic_ncols=True, desc=f"precompute {worker}")
             if sys.stderr.isatty()
@@ -70,15 +73,18 @@ class Progress:
         if self.metrics_file:
             write_to_textfile(self.metrics_file, self.registry)  # itself written to a temp file and renamed
 
-    def close(self) -> str:
-        """The final summary line (also logged)."""
+    def close(self) -> None:
+        """Stop the bar, write the counters a last time, log the summary."""
         if self.bar is not None:
             self.bar.close()
+        if self.http is not None:
+            self.http[0].shutdown()
         self.export()
-        wall = time.monotonic() - self.started
-        summary = (
+        self.wall = time.monotonic() - self.started
+        log.info("%s", self.summary())
+
+    def summary(self) -> str:
+        return (
             f"precompute {self.worker}: {self.samples} samples, {self.shards} shards, "
-            f"{self.bytes:,} bytes in {wall:.1f} s ({self.samples / max(wall, 1e-9):.2f} samples/s)"
+            f"{self.bytes:,} bytes in {self.wall:.1f} s ({self.samples / max(self.wall, 1e-9):.2f} samples/s)"
         )
-        log.info("%s", summary)
-        return summary

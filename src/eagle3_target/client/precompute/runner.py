@@ -139,15 +139,15 @@ def shard_len(shard: int, dataset: data.Dataset, args) -> int:
     return min(args.shard_size, dataset.num_samples - shard * args.shard_size)
 
 
-def precompute(args: argparse.Namespace, token: str | None) -> str:
-    """The run after the argument checks; returns the summary line. UsageError for bad input."""
+def precompute(args: argparse.Namespace, token: str | None) -> Progress:
+    """The run after the argument checks; returns its closed Progress. UsageError for bad input."""
     from transformers import AutoConfig
 
     store = CacheStore(args.output_dir)
     present = check_output(store, args)
     data.nemo_modules()  # NeMo missing: said before the fleet is asked anything
+    # The top-level config, as NeMo's manifest and the server's model_info read it.
     config = AutoConfig.from_pretrained(args.target_model, trust_remote_code=args.trust_remote_code)
-    config = config.get_text_config()
     with connect(args, token) as backend:
         aux_layer_ids = check_model(backend.model_info(), config, args)
         if args.encoding == "hidden":
@@ -180,5 +180,5 @@ def precompute(args: argparse.Namespace, token: str | None) -> str:
         try:
             write_shards(backend, dataset, todo, store, args, progress)
         finally:
-            summary = progress.close()
-    return summary
+            progress.close()
+    return progress
