@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.client.endpoints import (
     EndpointError,
     EndpointResolver,
@@ -111,3 +112,13 @@ def test_base_urls_bracket_ipv6():
     assert base_url("10.0.0.5", 8001) == "http://10.0.0.5:8001"
     assert base_url("fd00::5", 8001) == "http://[fd00::5]:8001"
     assert parse_specs("http://[fd00::5]:8001/") == [EndpointSpec("http", "http://[fd00::5]:8001")]
+
+
+@pytest.mark.parametrize("content", ["", " \n"])
+def test_an_empty_token_file_is_refused_not_taken_for_no_token(tmp_path, monkeypatch, content):
+    """The server's rule (contract.read_token_file): sending no token would only fail later, as a 401."""
+    token = tmp_path / "token"
+    token.write_text(content)
+    monkeypatch.setenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", str(token))
+    with pytest.raises(EndpointError, match=f"EAGLE3_TARGET_AUTH_TOKEN_FILE={token} is empty"):
+        RemoteTargetBackend("http://127.0.0.1:9", options=PoolOptions(start_timeout=1))
