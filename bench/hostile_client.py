@@ -172,7 +172,7 @@ async def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))  # 1,500 sockets
     resource_note = "synthetic runner, one process per server, OMP_NUM_THREADS=1"
     print(f"hostile clients, {resource_note}", flush=True)
-    with ServerProcess(dict(vocab_size=64), p2p_timeout=1.0) as small:
+    with ServerProcess(dict(vocab_size=64), p2p={"timeout": 1.0}) as small:
         await phase("fuzz", small, lambda: fuzz(small, args.fuzz, args.seed))
     with ServerProcess(BIG, max_batch_tokens=1 << 20, write_timeout=5.0) as srv:
         await set_mapping(srv)

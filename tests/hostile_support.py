@@ -235,11 +235,15 @@ def check_reply(case: Case, reply: Reply) -> None:
 
 _SERVE = """
 import json, logging, sys
-from eagle3_target.server.app import ServerOptions, TargetServer, listen, run_server
+from eagle3_target.server.app import TargetServer
+from eagle3_target.server.options import ServerOptions
+from eagle3_target.server.p2p.options import P2POptions
+from eagle3_target.server.process import listen, run_server
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 shape, options, port = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+p2p = options.pop("p2p", {})
 logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
-server = TargetServer(lambda: SyntheticRunner(**shape), ServerOptions(**options))
+server = TargetServer(lambda: SyntheticRunner(**shape), ServerOptions(**options, p2p=P2POptions(**p2p)))
 sys.exit(run_server(server, listen("127.0.0.1", port)))
 """
 

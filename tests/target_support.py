@@ -19,7 +19,8 @@ import torch
 from aiohttp import web
 
 from eagle3_target.protocol import wire
-from eagle3_target.server.app import ServerOptions, TargetServer
+from eagle3_target.server.app import TargetServer
+from eagle3_target.server.options import ServerOptions
 
 
 class RunningServer:
@@ -39,7 +40,7 @@ class RunningServer:
     async def wait_ready(self, timeout: float = 60.0) -> None:
         async with asyncio.timeout(timeout):
             while (await self.get("health")).status != 200:
-                assert not self.server.stopped.is_set(), "model load failed"
+                assert not self.server.service.stopped.is_set(), "model load failed"
                 await asyncio.sleep(0.05)
 
 

@@ -16,7 +16,8 @@ from dnslib.server import BaseResolver, DNSLogger, DNSServer, TCPServer, UDPServ
 from target_support import TargetProcess
 
 from eagle3_target.client.endpoints import base_url
-from eagle3_target.server.app import ServerOptions, TargetServer
+from eagle3_target.server.app import TargetServer
+from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 # -- DNS -------------------------------------------------------------------------------------

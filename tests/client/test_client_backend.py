@@ -15,7 +15,7 @@ from eagle3_target.client import (
     RemoteTargetBackend,
     ServerError,
 )
-from eagle3_target.server.app import ServerOptions
+from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 from .client_support import assert_batch_matches, draft_vocab, expected, make_batch, wait_until
@@ -79,7 +79,7 @@ def test_close_ends_only_our_session(farm):
     with RemoteTargetBackend(url, options=FAST) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         backend.generate_batch(*make_batch(1))
-        sessions = farm.server(url).sessions
+        sessions = farm.server(url).service.sessions
         assert backend.session_id in sessions and other.session_id in sessions
     assert backend.session_id not in sessions and other.session_id in sessions
     other.generate_batch(*make_batch(2))  # the server still serves the other trainer
@@ -95,7 +95,7 @@ def test_heartbeats_keep_our_session_alive(farm):
         server = farm.server(url)
         # Ten heartbeats take over a second, longer than the TTL: only heartbeats keep the session.
         wait_until(lambda: served(server, "heartbeat", "200") >= 10)
-        assert server.sessions.expire() == [] and backend.session_id in server.sessions
+        assert server.service.sessions.expire() == [] and backend.session_id in server.service.sessions
 
 
 def test_restarted_server_gets_the_vocab_mapping_again(farm):

@@ -18,7 +18,7 @@ import pytest
 from target_support import free_port
 
 from eagle3_target.cli import main
-from eagle3_target.server.app import ServerOptions
+from eagle3_target.server.options import ServerOptions
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +41,7 @@ def test_probe_lists_servers_found_through_dns(farm, dns_server, capsys):
     )
     assert lines[1].startswith(f"http://127.0.0.3:{port}") and " down " in lines[1]
     assert lines[-1] == "1/2 servers ready"
-    assert len(farm.server(up).sessions) == 0  # the probe ended its session
+    assert len(farm.server(up).service.sessions) == 0  # the probe ended its session
 
 
 def test_probe_json_is_one_document_and_exit_code(farm, capsys, monkeypatch):

@@ -51,8 +51,8 @@ def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
             assert generate_count(farm, url, "200") > 0
             assert generate_count(farm, url, "409") == 0
         for url in urls[1:]:  # drained: our session there was ended, the server itself keeps running
-            wait_until(lambda url=url: backend.session_id not in farm.server(url).sessions)
-        assert backend.session_id in farm.server(urls[0]).sessions
+            wait_until(lambda url=url: backend.session_id not in farm.server(url).service.sessions)
+        assert backend.session_id in farm.server(urls[0]).service.sessions
         assert backend.pool.describe_members() == f"{urls[0]} healthy"
 
 

@@ -86,12 +86,12 @@ def test_an_unknown_encoding_is_refused_before_any_network_work():
 class TruncatingServer(TargetServer):
     """Answers /generate 200 with a reply that lacks its logits: a broken or hostile peer."""
 
-    async def _stream_blob(self, request, blob, headers=None):
+    async def stream_blob(self, request, blob, headers=None):
         if request.path == "/" + contract.GENERATE:
             tensors = wire.decode(bytearray(blob.tobytes()))
             tensors.pop("draft_logits", None)
             blob = wire.EncodedBlob(tensors)
-        return await super()._stream_blob(request, blob, headers)
+        return await super().stream_blob(request, blob, headers)
 
 
 def test_an_incomplete_reply_fails_over_to_another_server(farm, caplog):

@@ -88,7 +88,7 @@ async def test_unmodified_nemo_client_trains_against_our_server(tiny_model_dir, 
             return info, weight, got
 
         info, weight, got = await asyncio.to_thread(trainer)
-        assert not srv.server.stopped.is_set()  # /disconnect ended the session, not the server
+        assert not srv.server.service.stopped.is_set()  # /disconnect ended the session, not the server
         assert (await srv.get("health")).status == 200
 
     assert info["aux_layer_ids"] == [1, 3, 4] and info["vocab_size"] == V

@@ -9,7 +9,7 @@ from hostile_support import Case, raw_request
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import wire
-from eagle3_target.server.app import DEFAULT_MAX_BATCH_TOKENS, ServerOptions
+from eagle3_target.server.options import DEFAULT_MAX_BATCH_TOKENS, ServerOptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 V = 64

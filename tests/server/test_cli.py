@@ -231,7 +231,7 @@ def test_serve_names_the_address_it_cannot_bind_and_lets_the_others_go():
 
 
 def test_double_colon_binds_both_families():
-    from eagle3_target.server.app import listen
+    from eagle3_target.server.process import listen
 
     with listen("::", 0) as server:
         port = server.getsockname()[1]

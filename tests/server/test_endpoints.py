@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import SUPERVISION_KEYS
-from eagle3_target.server.app import ServerOptions
+from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
@@ -149,8 +149,8 @@ async def test_failed_load_stops_the_server():
         raise RuntimeError("no such model")
 
     async with serve(broken, wait=False) as srv:
-        await asyncio.wait_for(srv.server.stopped.wait(), 10)
-        assert isinstance(srv.server.load_error, RuntimeError)
+        await asyncio.wait_for(srv.server.service.stopped.wait(), 10)
+        assert isinstance(srv.server.service.load_error, RuntimeError)
         assert (await srv.get("livez")).status == 200  # still answers until the process exits
 
 
@@ -194,7 +194,7 @@ async def test_sessions_expire_disconnect_ends_only_the_callers_session():
         a, b = {"X-Eagle3-Session": "a"}, {"X-Eagle3-Session": "b"}
         await srv.post("set_vocab_mapping", vocab_body(ids, mask), headers=a)
         await srv.post("set_vocab_mapping", vocab_body(ids, mask), headers=b)
-        assert len(srv.server.sessions) == 2
+        assert len(srv.server.service.sessions) == 2
         await srv.post("disconnect", b"{}", headers=a)
         assert (
             await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=a)
@@ -202,13 +202,13 @@ async def test_sessions_expire_disconnect_ends_only_the_callers_session():
         assert (
             await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)
         ).status == 200
-        assert not srv.server.stopped.is_set()
+        assert not srv.server.service.stopped.is_set()
         # Heartbeats keep b alive past the ttl; a stays idle and is expired.
         await srv.post("heartbeat", headers=a)
         for _ in range(8):
             await asyncio.sleep(0.5)
             await srv.post("heartbeat", headers=b)
-        assert "b" in srv.server.sessions and len(srv.server.sessions) == 1
+        assert "b" in srv.server.service.sessions and len(srv.server.service.sessions) == 1
         assert (
             await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)
         ).status == 200
@@ -220,7 +220,7 @@ async def test_a_nemo_client_keeps_its_mapping_across_an_idle_pause_longer_than_
         await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))  # no session header: named by peer
         await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()), headers={"X-Eagle3-Session": "ours"})
         async with asyncio.timeout(10):
-            while len(srv.server.sessions):
+            while len(srv.server.service.sessions):
                 await asyncio.sleep(0.2)  # both expire
         body = generate_body(torch.zeros(1, 4, dtype=torch.long))
         assert (await srv.post("generate", body)).status == 200
@@ -270,7 +270,7 @@ async def test_exit_on_disconnect_keeps_nemo_behaviour():
     async with serve(lambda: SyntheticRunner(vocab_size=V), ServerOptions(exit_on_disconnect=True)) as srv:
         resp = await srv.post("disconnect", b"{}")
         assert resp.status == 200
-        await asyncio.wait_for(srv.server.stopped.wait(), 5)
+        await asyncio.wait_for(srv.server.service.stopped.wait(), 5)
 
 
 async def test_metrics_exist_and_move(hf_server):

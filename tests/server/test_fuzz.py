@@ -5,7 +5,8 @@ import collections
 from hostile_support import CaseGenerator, check_reply, raw_request
 from target_support import serve
 
-from eagle3_target.server.app import ServerOptions
+from eagle3_target.server.options import ServerOptions
+from eagle3_target.server.p2p.options import P2POptions
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 V = 64
@@ -13,7 +14,7 @@ TOKEN = "fuzz-token"
 
 
 async def test_fuzzed_requests_never_get_a_5xx():
-    options = ServerOptions(auth_token=TOKEN, p2p_timeout=1.0)
+    options = ServerOptions(auth_token=TOKEN, p2p=P2POptions(timeout=1.0))
     async with serve(lambda: SyntheticRunner(vocab_size=V), options) as srv:
         host, port = srv.url.removeprefix("http://").split(":")
         statuses = collections.Counter()

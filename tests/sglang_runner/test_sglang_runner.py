@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
-from eagle3_target.server.request import RequestError
+from eagle3_target.server import errors
 from eagle3_target.server.runners import load_runner
 from eagle3_target.server.runners.sglang import SGLangUnavailable, sglang_dtype
 
@@ -152,9 +152,9 @@ def test_empty_rows_are_zeros_and_an_empty_batch_runs_nothing(fake_sglang):
 def test_left_padding_is_a_client_error(fake_sglang):
     runner = load()
     ids = torch.ones(2, 4, dtype=torch.long)
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(errors.InvalidInput) as err:
         runner.forward(ids, torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]))
-    assert err.value.status == 400 and "right-padded" in err.value.detail
+    assert "right-padded" in err.value.detail
     assert runner.model_runner.forwards == 0
 
 
@@ -168,9 +168,9 @@ def test_left_padding_is_a_client_error(fake_sglang):
 )
 def test_a_batch_over_sglang_capacity_is_refused_before_allocating(fake_sglang, lengths, what):
     runner = load()
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(errors.TooLarge) as err:
         runner.forward(*right_padded(lengths, max(lengths)))
-    assert err.value.status == 413 and what in err.value.detail
+    assert what in err.value.detail
     assert runner.model_runner.forwards == 0 and runner.model_runner.token_to_kv_pool_allocator.used == 0
 
 

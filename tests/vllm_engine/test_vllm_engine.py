@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision, shift_left
-from eagle3_target.server.request import RequestError
+from eagle3_target.server import errors
 from eagle3_target.server.runners import load_runner
 
 from .vllm_support import AUX_LAYER_IDS
@@ -119,22 +119,22 @@ def test_the_hidden_encoding_gets_the_final_states_and_head_rows_of_the_hf_engin
 def test_left_padded_rows_are_refused(engines):
     vllm_runner, _ = engines
     input_ids, attention_mask, _ = batch(2, 8, [8, 5], seed=6)
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(errors.InvalidInput) as err:
         vllm_runner.forward(input_ids, attention_mask.flip(1))
-    assert err.value.status == 400 and err.value.error == "unsupported_padding"
+    assert err.value.error == "unsupported_padding"
 
 
 def test_a_batch_over_the_engine_limits_is_refused_before_any_work(engines):
     vllm_runner, _ = engines
     too_long = vllm_runner.max_model_len + 1
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(errors.TooLarge) as err:
         vllm_runner.forward(torch.zeros(1, too_long, dtype=torch.long), torch.ones(1, too_long))
-    assert err.value.status == 413 and "longest row" in err.value.detail
+    assert "longest row" in err.value.detail
     rows = vllm_runner.max_batch_tokens // vllm_runner.max_model_len + 1
     shape = (rows, vllm_runner.max_model_len)
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(errors.TooLarge) as err:
         vllm_runner.forward(torch.zeros(shape, dtype=torch.long), torch.ones(shape))
-    assert err.value.status == 413 and "tokens in all" in err.value.detail
+    assert "tokens in all" in err.value.detail
 
 
 def test_out_of_vocabulary_ids_are_refused_before_vllm_and_the_runner_keeps_serving(engines):
@@ -144,9 +144,9 @@ def test_out_of_vocabulary_ids_are_refused_before_vllm_and_the_runner_keeps_serv
     bad = input_ids.clone()
     for wrong in (VOCAB, -1):
         bad[0, 3] = wrong
-        with pytest.raises(RequestError) as err:
+        with pytest.raises(errors.OutOfRange) as err:
             vllm_runner.forward(bad, attention_mask)
-        assert err.value.status == 422 and err.value.error == "token_out_of_range"
+        assert err.value.error == "token_out_of_range"
     got = supervision(vllm_runner, input_ids, attention_mask, loss_mask, None)
     want = supervision(hf_runner, input_ids, attention_mask, loss_mask, None)
     assert_agree(got, want, attention_mask, atol=1e-4)

@@ -9,10 +9,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from eagle3_target.protocol.version import __version__
 
+from .runners import RunnerInfo
+
 # Seconds: sub-millisecond health checks up to minute-long 32k-token forwards.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 GENERATE_PHASES = ("decode", "forward", "projection", "encode", "send")
+SEND_PATHS = ("wire", "p2p")  # the HTTP body, or the session's p2p group (gloo or NCCL)
 
 
 class ServerMetrics:
@@ -42,7 +45,10 @@ class ServerMetrics:
             "eagle3_target_tokens_total", "Tokens run through the target by /generate", registry=r
         )
         self.sent_bytes = Counter(
-            "eagle3_target_sent_bytes_total", "Supervision bytes sent, by data path", ["path"], registry=r
+            "eagle3_target_sent_bytes_total",
+            "Supervision bytes sent, by path: wire (HTTP body) or p2p",
+            ["path"],
+            registry=r,
         )
         self.in_flight = Gauge("eagle3_target_requests_in_flight", "Requests being handled now", registry=r)
         self.sessions = Gauge(
@@ -67,7 +73,18 @@ class ServerMetrics:
         self.build.info(
             {"version": __version__, "torch": torch.__version__, "python": platform.python_version()}
         )
-        for path in ("wire", "nccl"):
+        for path in SEND_PATHS:
             self.sent_bytes.labels(path)  # export both series at 0 so rate() works from the start
         for phase in GENERATE_PHASES:
             self.generate_phase_seconds.labels(phase)
+
+    def loaded(self, info: RunnerInfo, seconds: float) -> None:
+        """The model is loaded and warmed: its identity as labels (lists comma-joined), ready = 1."""
+        labels = {
+            k: ",".join(map(str, v)) if isinstance(v, list) else str(v)
+            for k, v in info.model_info().to_json().items()
+        }
+        del labels["aux_layer_ids"]
+        self.model.info(labels)
+        self.model_load_seconds.set(seconds)
+        self.ready.set(1)

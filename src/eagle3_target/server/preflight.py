@@ -11,12 +11,10 @@ from pathlib import Path
 
 from eagle3_target.protocol.model_info import default_aux_layer_ids, validate_aux_layer_ids
 
+from .options import UsageError
+
 # engine -> (module it needs, the extra that installs it)
 ENGINE_PACKAGES = {"sglang": ("sglang", "sglang"), "vllm": ("vllm", "vllm")}
-
-
-class UsageError(Exception):
-    """A flag or environment that cannot work; the message says which and what to do."""
 
 
 def check_engine(engine: str) -> None:

@@ -1,4 +1,4 @@
-"""Turning untrusted request bodies into validated tensors; every failure is a RequestError (4xx)."""
+"""Turning untrusted request bodies into validated tensors; every failure is a ServiceError."""
 
 from __future__ import annotations
 
@@ -8,33 +8,27 @@ from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS, VOCAB_KEYS
 from eagle3_target.protocol.supervision import VocabMapping
 
+from .errors import InvalidInput, OutOfRange, TooLarge
+
 # A request blob has two or three entries; more than this is not a client we speak to, and a
 # 60 MiB blob of millions of tiny entries would otherwise cost millions of tensor objects.
 MAX_ENTRIES = 16
-
-
-class RequestError(Exception):
-    """A client mistake: becomes an HTTP 4xx with a JSON body {"error", "detail"}."""
-
-    def __init__(self, status: int, error: str, detail: str):
-        super().__init__(detail)
-        self.status, self.error, self.detail = status, error, detail
 
 
 def _decode(body: bytearray, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     try:
         tensors = wire.decode(body, MAX_ENTRIES)
     except wire.WireError as exc:
-        raise RequestError(400, "bad_wire_blob", str(exc)) from None
+        raise InvalidInput("bad_wire_blob", str(exc)) from None
     missing = [k for k in keys if tensors.get(k) is None]
     if missing:
-        raise RequestError(400, "missing_keys", f"missing tensors {missing}; expected {list(keys)}")
+        raise InvalidInput("missing_keys", f"missing tensors {missing}; expected {list(keys)}")
     return {k: tensors[k] for k in keys}
 
 
 def _expect_dtype(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
     if tensor.dtype != dtype:
-        raise RequestError(400, "wrong_dtype", f"{name} must be {dtype}, got {tensor.dtype}")
+        raise InvalidInput("wrong_dtype", f"{name} must be {dtype}, got {tensor.dtype}")
 
 
 def parse_generate(body: bytearray, vocab_size: int, max_tokens: int) -> dict[str, torch.Tensor]:
@@ -44,19 +38,15 @@ def parse_generate(body: bytearray, vocab_size: int, max_tokens: int) -> dict[st
         _expect_dtype(name, tensor, torch.int64)
     shape = tensors["input_ids"].shape
     if len(shape) != 2 or 0 in shape:
-        raise RequestError(
-            400, "bad_shape", f"input_ids must be a non-empty [B, S] matrix, got {list(shape)}"
-        )
+        raise InvalidInput("bad_shape", f"input_ids must be a non-empty [B, S] matrix, got {list(shape)}")
     for name in ("attention_mask", "loss_mask"):
         if tensors[name].shape != shape:
-            raise RequestError(
-                400,
+            raise InvalidInput(
                 "shape_mismatch",
                 f"{name} has shape {list(tensors[name].shape)}, input_ids has {list(shape)}",
             )
     if shape.numel() > max_tokens:
-        raise RequestError(
-            413,
+        raise TooLarge(
             "batch_too_large",
             f"batch x sequence is {shape[0]} x {shape[1]} = {shape.numel()} tokens; "
             f"this server takes at most {max_tokens} (--max-batch-tokens)",
@@ -64,9 +54,7 @@ def parse_generate(body: bytearray, vocab_size: int, max_tokens: int) -> dict[st
     ids = tensors["input_ids"]
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
-        raise RequestError(
-            422, "token_out_of_range", f"input_ids span [{low}, {high}], vocab is [0, {vocab_size})"
-        )
+        raise OutOfRange("token_out_of_range", f"input_ids span [{low}, {high}], vocab is [0, {vocab_size})")
     return tensors
 
 
@@ -77,19 +65,18 @@ def parse_vocab_mapping(body: bytearray, vocab_size: int, device: str) -> VocabM
     _expect_dtype("selected_token_ids", ids, torch.int64)
     _expect_dtype("selected_token_mask", mask, torch.bool)
     if ids.dim() != 1 or ids.numel() == 0:
-        raise RequestError(
-            400, "bad_shape", f"selected_token_ids must be a non-empty vector, got {list(ids.shape)}"
+        raise InvalidInput(
+            "bad_shape", f"selected_token_ids must be a non-empty vector, got {list(ids.shape)}"
         )
     if mask.dim() != 1 or mask.numel() != vocab_size:
-        raise RequestError(
-            422,
+        raise OutOfRange(
             "bad_mask_length",
             f"selected_token_mask must have shape [{vocab_size}], got {list(mask.shape)}",
         )
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
-        raise RequestError(
-            422, "token_out_of_range", f"selected_token_ids span [{low}, {high}], vocab is [0, {vocab_size})"
+        raise OutOfRange(
+            "token_out_of_range", f"selected_token_ids span [{low}, {high}], vocab is [0, {vocab_size})"
         )
     # Copies, never views: a view would pin the whole request body for the session's life.
     return VocabMapping(ids.to(device, copy=True), mask.to(device, copy=True))

@@ -3,7 +3,8 @@
 A session is named by the X-Eagle3-Session header, or by the peer address for
 a stock NeMo client that sends none. It holds that client's vocab mapping and
 ends on /disconnect or after ``ttl`` seconds without a request or heartbeat.
-Whoever keeps per-session state (the data plane) subscribes to endings.
+Whoever keeps per-session state (the p2p groups) subscribes to endings. The table keeps
+its own gauge of live sessions.
 
 A NeMo client never heartbeats and cannot re-send its mapping, so an idle
 pause longer than the ttl (a long evaluation, say) must not cost it the
@@ -21,15 +22,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import Gauge
+
 from eagle3_target.protocol.supervision import VocabMapping
 
+from .errors import TooManySessions
+from .options import DEFAULT_MAX_SESSIONS
+
 PEER_PREFIX = "peer:"
-DEFAULT_MAX_SESSIONS = 1024
 MAX_KEPT_MAPPINGS = 256
-
-
-class SessionLimit(Exception):
-    """A new session past max_sessions: the client should retry later."""
 
 
 def session_id(header: str | None, peer: str | None) -> str:
@@ -49,6 +50,7 @@ class SessionTable:
         ttl: float,
         clock: Callable[[], float] = time.monotonic,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        gauge: Gauge | None = None,
     ):
         self.ttl = ttl
         self.max_sessions = max_sessions
@@ -56,6 +58,7 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self._kept_vocab: OrderedDict[str, VocabMapping] = OrderedDict()  # ended peer-named sessions
         self._on_end: list[Callable[[Session], None]] = []
+        self._gauge = gauge
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -71,9 +74,12 @@ class SessionTable:
         session = self._sessions.get(session_id)
         if session is None:
             if len(self._sessions) >= self.max_sessions:
-                raise SessionLimit(f"this server already holds {self.max_sessions} sessions")
+                raise TooManySessions(
+                    "too_many_requests", f"this server already holds {self.max_sessions} sessions"
+                )
             vocab = self._kept_vocab.pop(session_id, None)
             session = self._sessions[session_id] = Session(session_id, now, vocab)
+            self._count()
         session.last_seen = now
         return session
 
@@ -85,6 +91,7 @@ class SessionTable:
             self._kept_vocab[session_id] = session.vocab
             while len(self._kept_vocab) > MAX_KEPT_MAPPINGS:
                 self._kept_vocab.popitem(last=False)
+        self._count()
         for callback in self._on_end:
             callback(session)
         return True
@@ -102,3 +109,7 @@ class SessionTable:
     def end_all(self) -> None:
         for sid in list(self._sessions):
             self.end(sid)
+
+    def _count(self) -> None:
+        if self._gauge is not None:
+            self._gauge.set(len(self._sessions))

@@ -1,8 +1,8 @@
 """Target runners: one frozen model forward behind a small engine-agnostic seam."""
 
-from .base import RunnerInfo, TargetRunner, resolve_dtype
+from .base import HiddenStateRunner, RunnerInfo, TargetRunner, resolve_dtype
 
-__all__ = ["RunnerInfo", "TargetRunner", "resolve_dtype", "load_runner"]
+__all__ = ["HiddenStateRunner", "RunnerInfo", "TargetRunner", "resolve_dtype", "load_runner"]
 
 
 def load_runner(engine: str, **options) -> TargetRunner:

@@ -5,16 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
 from eagle3_target.protocol.model_info import ModelInfo, default_aux_layer_ids, validate_aux_layer_ids
-
-# The embedded default target's name: what /model_info reports, and what `--model` (or an Eagle3Target's
-# spec.model, which cannot be empty) names it by.
-EMBEDDED_MODEL = "embedded-tiny-llama"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,7 +38,7 @@ class RunnerInfo:
     dtype: torch.dtype
     device: str
     config: dict[str, Any] = field(default_factory=dict)
-    # "hidden" only from runners that implement forward_hidden and lm_head_rows (see TargetRunner)
+    # "hidden" only from runners that are also a HiddenStateRunner
     encodings: tuple[str, ...] = EXACT_ENCODINGS
 
     @classmethod
@@ -75,6 +71,7 @@ class RunnerInfo:
         )
 
 
+@runtime_checkable
 class TargetRunner(Protocol):
     """One frozen target. Calls are serialised by the server; forward runs off the event loop."""
 
@@ -90,12 +87,26 @@ class TargetRunner(Protocol):
         """The input-embedding weight [V, H], whole."""
         ...
 
-    # Only runners whose info.encodings has "hidden", i.e. whose logits are exactly lm_head(final hidden):
-    #   forward_hidden(input_ids, attention_mask) -> (logits, aux, final normed hidden [B, S, H])
-    #   lm_head_rows(ids) -> the lm_head weight rows [len(ids), H]
-
     def close(self) -> None:
         """Release the model and its device memory."""
+        ...
+
+
+@runtime_checkable
+class HiddenStateRunner(TargetRunner, Protocol):
+    """A runner whose logits are exactly lm_head(final hidden state): it can serve the "hidden" encoding.
+
+    The server checks ``isinstance(runner, HiddenStateRunner)`` before it offers or uses "hidden".
+    """
+
+    def forward_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """forward's logits and aux hidden states, plus the final normed hidden states [B, S, H]."""
+        ...
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The lm_head weight rows of ``ids`` [len(ids), H], on the runner's device."""
         ...
 
 

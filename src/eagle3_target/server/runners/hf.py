@@ -10,7 +10,8 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 
-from .base import EMBEDDED_MODEL, FinalHiddenRunner, RunnerInfo, resolve_dtype
+from ..options import EMBEDDED_MODEL
+from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..request import RequestError
+from ..errors import InvalidInput
 
 
 def row_lengths(attention_mask: torch.Tensor, engine: str) -> torch.Tensor:
@@ -13,8 +13,7 @@ def row_lengths(attention_mask: torch.Tensor, engine: str) -> torch.Tensor:
     lengths = mask.sum(dim=1)
     prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
     if not torch.equal(mask, prefix):
-        raise RequestError(
-            400,
+        raise InvalidInput(
             "unsupported_padding",
             f"the {engine} engine needs right-padded rows: each mask row is ones, then zeros",
         )

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ..request import RequestError
+from ..errors import TooLarge
 from .base import RunnerInfo, resolve_dtype
 from .rows import row_lengths, stack_rows
 
@@ -202,9 +202,7 @@ def check_capacity(runner, lengths: list[int]) -> None:
     )
     for what, asked, limit in limits:
         if asked > limit:
-            raise RequestError(
-                413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}"
-            )
+            raise TooLarge("batch_too_large", f"{what}: {asked} is over this server's limit of {limit}")
 
 
 def embedding_weight(model: nn.Module) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 
-from ..request import RequestError
+from ..errors import OutOfRange, TooLarge
 from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
 from .hf import decoder_layers
 from .rows import row_lengths, stack_rows
@@ -290,9 +290,7 @@ class VLLMRunner(FinalHiddenRunner):
         )
         for what, asked, limit in limits:
             if asked > limit:
-                raise RequestError(
-                    413, "batch_too_large", f"{what}: {asked} is over this server's limit of {limit}"
-                )
+                raise TooLarge("batch_too_large", f"{what}: {asked} is over this server's limit of {limit}")
 
     @torch.inference_mode()
     def forward_hidden(
@@ -311,7 +309,7 @@ class VLLMRunner(FinalHiddenRunner):
         if flat.min() < 0 or flat.max() >= self.info.vocab_size:
             # An error inside vLLM's step leaves the in-process engine stuck: never send it one.
             # (the server checks this already: this guards other callers of the runner)
-            raise RequestError(422, "token_out_of_range", f"input_ids must be in [0, {self.info.vocab_size})")
+            raise OutOfRange("token_out_of_range", f"input_ids must be in [0, {self.info.vocab_size})")
         bounds = list(itertools.accumulate(lengths, initial=0))
         tokens = flat.tolist()
         prompts = [{"prompt_token_ids": tokens[a:b]} for a, b in itertools.pairwise(bounds)]

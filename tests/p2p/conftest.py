@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from .dataplane_support import start_server
+from .p2p_support import start_server
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,21 @@
 
 import signal
 
-from .dataplane_support import P2P_TIMEOUT, read_line, result, worker
+from .p2p_support import P2P_TIMEOUT, read_line, result, worker
 
 
 def test_p2p_batches_equal_the_reference_and_count_as_nccl_bytes(server_process):
-    before = server_process.metric("eagle3_target_sent_bytes_total", path="nccl")
+    before = server_process.metric("eagle3_target_sent_bytes_total", path="p2p")
     out = result(worker("batches", server_process.url, "--batches", "3"))
     assert out == {**out, "ok": True, "transfers": 3, "fallbacks": 0}
-    assert server_process.metric("eagle3_target_sent_bytes_total", path="nccl") > before
+    assert server_process.metric("eagle3_target_sent_bytes_total", path="p2p") > before
 
 
 def test_wire_path_forced_never_builds_a_group(server_process):
-    before = server_process.metric("eagle3_target_sent_bytes_total", path="nccl")
+    before = server_process.metric("eagle3_target_sent_bytes_total", path="p2p")
     out = result(worker("batches", server_process.url, "--data-path", "wire", "--batches", "2"))
     assert out == {**out, "ok": True, "transfers": 0}
-    assert server_process.metric("eagle3_target_sent_bytes_total", path="nccl") == before
+    assert server_process.metric("eagle3_target_sent_bytes_total", path="p2p") == before
 
 
 def test_client_killed_mid_transfer_then_next_clients_served_on_both_paths(server_process):

@@ -17,7 +17,7 @@ import pytest
 from eagle3_target.protocol import contract
 from eagle3_target.protocol.rendezvous import hello, listen, store_namespace
 
-from .dataplane_support import read_line, result, start_server, worker
+from .p2p_support import read_line, result, start_server, worker
 
 HELD = "eagle3_target_p2p_ports_held"
 TEARDOWNS = "eagle3_target_p2p_teardowns_total"

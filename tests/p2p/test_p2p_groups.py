@@ -8,7 +8,7 @@ import torch
 
 from eagle3_target.protocol.p2p import GLOO, PeerGroup
 from eagle3_target.protocol.rendezvous import TransferError, listen
-from eagle3_target.server.dataplane import PortRange
+from eagle3_target.server.p2p.options import PortRange
 
 
 @pytest.fixture

@@ -14,20 +14,20 @@ from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.metadata import decode_metadata
 from eagle3_target.protocol.p2p import PeerGroup
 from eagle3_target.protocol.rendezvous import TransferError, listen
-from eagle3_target.server.app import ServerOptions
-from eagle3_target.server.dataplane import DataPlane, PortRange
+from eagle3_target.server.options import ServerOptions
+from eagle3_target.server.p2p.groups import P2PGroups
+from eagle3_target.server.p2p.options import P2POptions, PortRange
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 from eagle3_target.server.sessions import Session
 
-from .dataplane_support import port_range
+from .p2p_support import port_range
 
 V = 512
 
 
 def options(**kw) -> ServerOptions:
-    return ServerOptions(
-        nccl_port_range=PortRange(*port_range()), p2p_timeout=3.0, p2p_rendezvous_timeout=3.0, **kw
-    )
+    p2p = P2POptions(port_range=PortRange(*port_range()), timeout=3.0, rendezvous_timeout=3.0, **kw)
+    return ServerOptions(p2p=p2p)
 
 
 async def init(srv, session: str, body: dict | bytes, host_header=None) -> dict:
@@ -60,7 +60,7 @@ async def test_nemo_replies_stay_exact_and_bad_bodies_get_400():
         for body in (b"not json", b"[1]", b'{"nccl_port": "x"}', b'{"nccl_port": 70000}', b'{"backend": 3}'):
             reply = await init(srv, "s", body)
             assert reply["status_code"] == 400 and reply["error"].startswith("bad_"), body
-    async with serve(lambda: SyntheticRunner(vocab_size=V), options(p2p=False)) as srv:
+    async with serve(lambda: SyntheticRunner(vocab_size=V), options(enabled=False)) as srv:
         assert (await init(srv, "s", {"backend": "gloo"}))["status"] == "disabled"
         info = await (await srv.http.post(f"{srv.url}/model_info")).json()
         assert info["p2p"] == {"backend": None}
@@ -72,7 +72,7 @@ async def test_ports_come_from_the_range_skip_taken_ones_and_bind_the_pod_addres
     squatter.bind(("127.0.0.2", ports[0]))
     squatter.listen()
     try:
-        opts = ServerOptions(nccl_port_range=PortRange(*ports), nccl_port=ports[0], p2p_timeout=3.0)
+        opts = ServerOptions(p2p=P2POptions(port=ports[0], port_range=PortRange(*ports), timeout=3.0))
         async with serve(lambda: SyntheticRunner(vocab_size=V), opts, host="127.0.0.2") as srv:
             info = await (await srv.http.post(f"{srv.url}/model_info")).json()
             assert info["p2p"] == {"backend": "gloo", "port_range": list(ports)}
@@ -102,14 +102,14 @@ async def test_unjoined_group_is_torn_down_and_generate_falls_back_to_the_wire()
         ) as resp:
             assert resp.status == 200 and contract.NCCL_HEADER not in resp.headers
             assert set(wire.decode(bytearray(await resp.read()))) == set(contract.SUPERVISION_KEYS)
-        assert "lonely" not in srv.server.dataplane.groups
+        assert "lonely" not in srv.server.service.p2p.groups
         listen("127.0.0.1", reply["nccl_port"]).close()  # the store let its port go
 
 
 async def test_named_port_handshake_sequence_numbers_and_mismatch():
     async with serve(lambda: SyntheticRunner(vocab_size=V), options()) as srv:
         headers = await session_with_vocab(srv, "nemo-like")
-        port = srv.server.options.nccl_port_range.end
+        port = srv.server.options.p2p.port_range.end
         # NeMo's order: the client joins while /init_nccl is open; the reply comes after the rendezvous.
         group_task = asyncio.create_task(asyncio.to_thread(PeerGroup.join, "127.0.0.1", port, "gloo", 5.0))
         reply = await init(srv, "nemo-like", {"nccl_port": port, "backend": "gloo"})
@@ -140,7 +140,7 @@ async def test_named_port_handshake_sequence_numbers_and_mismatch():
         ) as resp:
             assert contract.NCCL_HEADER not in resp.headers
             wire.decode(bytearray(await resp.read()))
-        assert "nemo-like" not in srv.server.dataplane.groups
+        assert "nemo-like" not in srv.server.service.p2p.groups
         with pytest.raises(TransferError):  # the server's side closed: our receive fails, it does not hang
             await asyncio.to_thread(group.recv, metadata, 2, 5.0)
         assert group.closed
@@ -151,14 +151,14 @@ async def test_disconnect_tears_the_sessions_group_down_and_leaves_others():
         a, b = await init(srv, "a", {"backend": "gloo"}), await init(srv, "b", {"backend": "gloo"})
         ga, gb = await asyncio.gather(joined(a), joined(b))
         await srv.post("disconnect", b"{}", headers={contract.SESSION_HEADER: "a"})
-        assert set(srv.server.dataplane.groups) == {"b"}
+        assert set(srv.server.service.p2p.groups) == {"b"}
         ga.close()
         gb.close()
 
 
 async def test_a_cancelled_send_tears_the_group_down_and_frees_its_port():
     registry = CollectorRegistry()
-    plane = DataPlane(PortRange(*port_range()), transfer_timeout=5.0, registry=registry)
+    plane = P2PGroups(P2POptions(port_range=PortRange(*port_range()), timeout=5.0), registry=registry)
     session = Session("s", time.monotonic())
     body = json.dumps({"backend": "gloo", "auth": contract.P2P_AUTH}).encode()
     reply = await plane.init(session, "127.0.0.1", body, "cpu")
@@ -167,7 +167,7 @@ async def test_a_cancelled_send_tears_the_group_down_and_frees_its_port():
         join, "127.0.0.1", reply["nccl_port"], "gloo", 30.0, secret=reply["secret"]
     )
     try:
-        async with plane.transfer(session, {contract.NCCL_HEADER: "1"}) as transfer:
+        async with plane.transfer(session, asked=True, sequence=None) as transfer:
             send = asyncio.create_task(transfer.send({"x": torch.ones(1 << 22)}))  # nobody receives it
             await asyncio.sleep(0.2)
             send.cancel()

@@ -5,7 +5,7 @@ then pulls the same batches through the client twice: over the wire format and o
 the point-to-point group (gloo on a CPU server, NCCL on a GPU server), and prints MB/s
 of supervision received and the ratio p2p / wire.
 
-    python bench/dataplane_throughput.py --hidden 1024 --vocab 8192 --seq-len 2048 --batches 10
+    python bench/p2p_throughput.py --hidden 1024 --vocab 8192 --seq-len 2048 --batches 10
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from eagle3_target.client.bench import measure
 
 
 def serve(port: int, hidden: int, vocab: int, device: str) -> None:
-    from eagle3_target.server.app import ServerOptions, TargetServer, listen, run_server
-    from eagle3_target.server.dataplane import PortRange
+    from eagle3_target.server.app import TargetServer
+    from eagle3_target.server.options import ServerOptions
+    from eagle3_target.server.p2p.options import P2POptions, PortRange
+    from eagle3_target.server.process import listen, run_server
     from eagle3_target.server.runners.synthetic import SyntheticRunner
 
     logging.basicConfig(level=logging.WARNING)
-    options = ServerOptions(nccl_port_range=PortRange(port + 100, port + 163))
+    options = ServerOptions(p2p=P2POptions(port_range=PortRange(port + 100, port + 163)))
     loader = lambda: SyntheticRunner(hidden_size=hidden, vocab_size=vocab, dtype="auto", device=device)  # noqa: E731
     run_server(TargetServer(loader, options), listen("127.0.0.1", port))
 

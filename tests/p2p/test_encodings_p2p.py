@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from .dataplane_support import result, start_server, worker
+from .p2p_support import result, start_server, worker
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("bfloat16", 2e-3)])

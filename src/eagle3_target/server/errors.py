@@ -1,0 +1,49 @@
+"""What can go wrong with a request, in the service's own words; the HTTP layer picks the status code.
+
+Each error carries a short machine-readable name (``error``) and a sentence for the user (``detail``).
+Runners, request parsing, sessions and the p2p path raise these; nothing below the HTTP layer knows
+about status codes (middlewares.STATUS maps each class to one).
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """A request the service cannot serve as asked; the process keeps serving."""
+
+    def __init__(self, error: str, detail: str):
+        super().__init__(detail)
+        self.error, self.detail = error, detail
+
+
+class InvalidInput(ServiceError):
+    """Malformed input: a bad blob, dtype, shape, header or JSON body."""
+
+
+class OutOfRange(ServiceError):
+    """Well-formed input that does not fit this model: token ids past its vocabulary, a mask of the wrong length."""
+
+
+class TooLarge(ServiceError):
+    """More than this server takes at once (--max-batch-tokens, an engine's capacity, a body limit)."""
+
+
+class NotReady(ServiceError):
+    """The model is still loading, or the server is draining: ask another server."""
+
+
+class NoVocabMapping(ServiceError):
+    """The session needs /set_vocab_mapping before this request."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no_vocab_mapping", "this session has no vocab mapping: call /set_vocab_mapping first"
+        )
+
+
+class Forbidden(ServiceError):
+    """A request this server's security settings refuse (NeMo's unauthenticated p2p mode, say)."""
+
+
+class TooManySessions(ServiceError):
+    """A new session past --max-sessions; live sessions keep working, a new one should retry later."""

@@ -1,0 +1,137 @@
+"""The HTTP layer's middlewares, outermost first: observe (metrics, in-flight count), errors (the one
+place a failure becomes a status code and a JSON body {"error", "detail"}), authenticate, identity bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+
+from aiohttp import web
+
+from eagle3_target.protocol import contract
+
+from . import errors
+from .metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+# Each domain error's status code.
+STATUS: dict[type[errors.ServiceError], int] = {
+    errors.InvalidInput: 400,
+    errors.Forbidden: 403,
+    errors.NoVocabMapping: 409,
+    errors.TooLarge: 413,
+    errors.OutOfRange: 422,
+    errors.TooManySessions: 429,
+    errors.NotReady: 503,
+}
+SESSION_RETRY_AFTER = 30  # seconds a client past --max-sessions is asked to wait
+CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
+CLIENT_CLOSED_KEY = "eagle3_target.client_closed"  # set on a request whose client hung up mid-response
+OPEN_PATHS = {"/" + contract.LIVEZ, "/" + contract.READYZ, "/" + contract.HEALTH, "/" + contract.METRICS}
+
+
+class InFlight:
+    """Requests a drain waits for: all but /init_nccl, whose pending rendezvous is abandoned instead."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the count to reach zero."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.count:
+                    await asyncio.sleep(0.05)
+
+
+def error_response(status: int, error: str, detail: str, headers=None) -> web.Response:
+    keep = {k: v for k, v in (headers or {}).items() if k.lower() in ("allow", "retry-after")}
+    return web.json_response({"error": error, "detail": detail}, status=status, headers=keep)
+
+
+def endpoint(request: web.Request) -> str:
+    """The metrics label: the route's name, also for a wrong method on it (GET /model_info), else unmatched."""
+    name = request.match_info.route.name or request.path.removeprefix("/")
+    return name if name in request.app.router.named_resources() else "unmatched"
+
+
+def observe(metrics: ServerMetrics, in_flight: InFlight):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        route = endpoint(request)
+        start = time.perf_counter()
+        code = 500
+        metrics.in_flight.inc()
+        waited_for = route != contract.INIT_NCCL
+        in_flight.count += waited_for
+        try:
+            response = await handler(request)
+            code = CLIENT_CLOSED if request.get(CLIENT_CLOSED_KEY) else response.status
+            return response
+        except web.HTTPException as exc:
+            code = exc.status
+            raise
+        except ConnectionError:
+            code = CLIENT_CLOSED  # the client went away mid-response: not a server error
+            raise
+        finally:
+            in_flight.count -= waited_for
+            metrics.in_flight.dec()
+            metrics.requests.labels(route, str(code)).inc()
+            metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+    return middleware
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except errors.ServiceError as exc:
+        status = STATUS[type(exc)]
+        retry = {"Retry-After": str(SESSION_RETRY_AFTER)} if status == 429 else None
+        return error_response(status, exc.error, exc.detail, retry)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        detail = {
+            404: f"no endpoint {request.path}",
+            405: f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}",
+        }.get(exc.status, exc.text or exc.reason)
+        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), detail, exc.headers)
+    except (ConnectionError, asyncio.CancelledError):  # the client went away: nothing to answer
+        raise
+    except Exception as exc:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
+
+
+def authenticate(token: str | None):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if token and request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "")
+            # aiohttp keeps non-UTF-8 header bytes as surrogates: encode them back, never raise.
+            given = given.encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+                return error_response(
+                    401, "unauthorized", "this server needs 'Authorization: Bearer <token>'"
+                )
+        return await handler(request)
+
+    return middleware
+
+
+@web.middleware
+async def identity_bodies(request: web.Request, handler):
+    """No client compresses: refuse compressed bodies instead of inflating them (no decompression bombs)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":
+        return error_response(
+            415, "unsupported_content_encoding", f"bodies must be sent as-is, not {encoding!r}"
+        )
+    return await handler(request)

@@ -1,0 +1,73 @@
+"""The server's settings, built once from `serve`'s parsed flags (no torch, no aiohttp: read before any heavy import)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3_target.protocol.contract import TokenFileError, read_token_file
+
+from .p2p.options import P2POptions
+
+# The embedded default target's name: what /model_info reports, and what `--model` (or an Eagle3Target's
+# spec.model, which cannot be empty) names it by.
+EMBEDDED_MODEL = "embedded-tiny-llama"
+# B=8, S=32768 is 6 MiB of /generate request; leave room for a 1M-token vocab mapping too.
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+# B x S per /generate: the embedded model's CPU forward at 8192 tokens peaks near 0.5 GB and a few
+# seconds (attention is quadratic in S); a GPU target with memory to spare raises it.
+DEFAULT_MAX_BATCH_TOKENS = 8192
+DEFAULT_MAX_SESSIONS = 1024
+# SIGTERM to exit: fits Kubernetes' default 30 s grace with room for the endpoint update.
+DEFAULT_DRAIN_TIMEOUT = 20.0
+
+
+class UsageError(Exception):
+    """A flag or environment that cannot work; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    session_ttl: float = 3600.0  # 0: sessions never expire
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    exit_on_disconnect: bool = False
+    auth_token: str | None = None
+    keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
+    p2p: P2POptions = field(default_factory=P2POptions)
+
+    @property
+    def p2p_requires_auth(self) -> bool:
+        """A server with a token forms p2p groups only with a proven peer, unless told otherwise."""
+        return bool(self.auth_token) and not self.p2p.allow_unauthenticated
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerOptions:
+        """The one place flags become options; UsageError names the flag to fix."""
+        try:
+            p2p = P2POptions.from_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return cls(
+            max_body_bytes=args.max_body_bytes,
+            max_batch_tokens=args.max_batch_tokens,
+            session_ttl=args.session_ttl,
+            max_sessions=args.max_sessions,
+            exit_on_disconnect=args.exit_on_disconnect,
+            auth_token=read_token(args.auth_token_file),
+            keepalive_timeout=args.keepalive_timeout,
+            drain_timeout=args.drain_timeout,
+            write_timeout=args.write_timeout,
+            p2p=p2p,
+        )
+
+
+def read_token(path: Path | None) -> str | None:
+    try:
+        return None if path is None else read_token_file(path)
+    except TokenFileError as exc:
+        raise UsageError(f"--auth-token-file {exc}") from None

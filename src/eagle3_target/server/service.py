@@ -1,0 +1,317 @@
+"""The target service: what each endpoint asks of the model, with no HTTP in it.
+
+It loads and warms the runner, keeps the client sessions and their vocab mappings, and turns a
+/generate body into supervision in the asked encoding. Requests name their session by id; failures
+are ServiceErrors (errors.py) that the HTTP layer maps to status codes. Model work runs on one
+model thread, one /generate at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle3_target.protocol import contract, encodings
+from eagle3_target.protocol.model_info import ModelInfo
+from eagle3_target.protocol.supervision import VocabMapping, build_supervision
+
+from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
+from .metrics import ServerMetrics
+from .options import ServerOptions
+from .p2p.group import Transfer
+from .p2p.groups import P2PGroups
+from .request import parse_generate, parse_vocab_mapping
+from .runners import HiddenStateRunner, TargetRunner
+from .sessions import PEER_PREFIX, Session, SessionTable
+
+log = logging.getLogger(__name__)
+
+INIT_P2P_MAX_BYTES = 64 << 10  # a small JSON object, parsed on the event loop
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One /generate as the service sees it."""
+
+    session_id: str
+    body: bytearray  # the wire blob of input_ids, attention_mask, loss_mask
+    encoding: str = encodings.NEMO
+    p2p: bool = False  # the client asks for the tensors over its session's p2p group
+    sequence: str | None = None  # our client's p2p transfer number; NeMo's sends none
+
+
+@dataclass
+class Answer:
+    """Supervision for one /generate, computed and ready to deliver."""
+
+    supervision: dict[str, torch.Tensor]  # in host memory for the wire, on the device for p2p
+    encoding: str
+    tokens: int  # B x S of the request
+    timings: dict[str, float]  # seconds per phase, for Server-Timing and the phase histogram
+    transfer: Transfer | None  # set: deliver over p2p after the metadata; None: over the wire
+
+
+@dataclass
+class _Job:
+    """A validated /generate for the model thread."""
+
+    runner: TargetRunner
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask
+    vocab: VocabMapping  # the session's, taken once: a new mapping does not change a running request
+    encoding: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class TargetService:
+    def __init__(self, loader: Callable[[], TargetRunner], options: ServerOptions, metrics: ServerMetrics):
+        self.loader, self.options, self.metrics = loader, options, metrics
+        self.runner: TargetRunner | None = None
+        self.load_error: BaseException | None = None
+        self.stopped = asyncio.Event()  # set by --exit-on-disconnect or a failed load
+        self.draining = False  # SIGTERM: finish what is in flight, take nothing new
+        self.sessions = SessionTable(
+            options.session_ttl, max_sessions=options.max_sessions, gauge=metrics.sessions
+        )
+        self.p2p = P2PGroups(options.p2p, require_auth=options.p2p_requires_auth, registry=metrics.registry)
+        self.sessions.on_end(self.p2p.end_session)
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
+        self._compute_lock = asyncio.Lock()
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Load the model in the background, expire sessions, watch p2p groups; on exit, release it all."""
+        tasks = [
+            asyncio.create_task(self._load()),
+            asyncio.create_task(self._expire_sessions()),
+            asyncio.create_task(self.p2p.watch()),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.sessions.end_all()
+            await self.p2p.close()
+            if self.runner is not None:
+                await self._on_model_thread(self.runner.close)
+            self._model_thread.shutdown(wait=False)
+
+    async def _load(self) -> None:
+        start = time.perf_counter()
+        try:
+            runner = await self._on_model_thread(self.loader)
+            _check_capabilities(runner)
+            await self._on_model_thread(_warm_up, runner)
+        except Exception as exc:
+            log.exception("loading the target model failed")
+            self.load_error = exc
+            self.stopped.set()
+            return
+        self.runner = runner
+        elapsed = time.perf_counter() - start
+        info = runner.info
+        self.metrics.loaded(info, elapsed)
+        log.info(
+            "ready: %s (%s, %d layers, hidden %d, vocab %d, aux layers %s, %s on %s) loaded and warmed in %.1fs",
+            info.model,
+            info.engine,
+            info.num_hidden_layers,
+            info.hidden_size,
+            info.vocab_size,
+            info.aux_layer_ids,
+            info.dtype,
+            info.device,
+            elapsed,
+        )
+
+    async def _expire_sessions(self) -> None:
+        ttl = self.options.session_ttl
+        period = max(1.0, min(60.0, ttl / 4)) if ttl > 0 else 60.0
+        while True:
+            await asyncio.sleep(period)
+            for sid in self.sessions.expire():
+                log.info("session %s expired after %.0fs idle", sid, ttl)
+
+    async def _on_model_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def status(self) -> str:
+        """ "ok", "loading" or "draining": what /health reports."""
+        if self.draining:
+            return "draining"
+        return "loading" if self.runner is None else "ok"
+
+    def ready_runner(self) -> TargetRunner:
+        if self.draining:
+            raise NotReady("draining", "this server is shutting down; use another")
+        if self.runner is None:
+            raise NotReady("not_ready", "the target model is still loading")
+        return self.runner
+
+    def heartbeat(self, session_id: str) -> None:
+        self.sessions.touch(session_id)
+        self.metrics.heartbeat_timestamp.set(time.time())
+
+    def disconnect(self, session_id: str) -> None:
+        if self.sessions.end(session_id):
+            log.info("session %s disconnected", session_id)
+        if self.options.exit_on_disconnect:
+            log.info("--exit-on-disconnect: stopping after this response")
+            asyncio.get_running_loop().call_soon(self.stopped.set)
+
+    # -- what a client asks before training ----------------------------------------------------
+
+    def model_info(self, session_id: str) -> ModelInfo:
+        runner = self.ready_runner()
+        self.sessions.touch(session_id)
+        return runner.info.model_info(nccl_port=self.options.p2p.port, p2p=self.p2p.info(runner.info.device))
+
+    async def input_embeddings(self, session_id: str) -> torch.Tensor:
+        runner = self.ready_runner()
+        self.sessions.touch(session_id)
+        # Not cached: on a GPU the host copy is ~1 GB for an 8B model, and each trainer asks once.
+        # On the CPU .cpu() is a view, so the blob streams straight from the model's own weight.
+        return await self._on_model_thread(lambda: runner.input_embeddings().detach().cpu())
+
+    async def set_vocab_mapping(self, session_id: str, body: bytearray) -> None:
+        runner = self.ready_runner()
+        session = self.sessions.touch(session_id)
+        # Off the event loop: validating a 64 MiB body must not stall /livez and /health.
+        vocab = await asyncio.to_thread(parse_vocab_mapping, body, runner.info.vocab_size, runner.info.device)
+        if (
+            session.id.startswith(PEER_PREFIX)
+            and session.vocab is not None
+            and not _same(session.vocab, vocab)
+        ):
+            # Header-less (NeMo) trainers on one node share this session: the last mapping wins for all.
+            log.warning(
+                "session %s: a different vocab mapping replaces the current one; trainers sharing an "
+                "address should each send %s",
+                session.id,
+                contract.SESSION_HEADER,
+            )
+            self.metrics.peer_mapping_conflicts.inc()
+        session.vocab = vocab  # a forward already running keeps the mapping it was handed
+
+    async def lm_head_rows(self, session_id: str) -> torch.Tensor:
+        """Our extension: the lm_head rows of the session's draft vocabulary, for the "hidden" encoding."""
+        runner = self.ready_runner()
+        session = self.sessions.touch(session_id)
+        _offered(runner, encodings.HIDDEN)
+        ids = _vocab(session).selected_token_ids
+        return await self._on_model_thread(lambda: runner.lm_head_rows(ids).cpu())
+
+    async def init_p2p(self, session_id: str, address: str, body: bytes) -> dict:
+        """/init_nccl: reserve a port on ``address`` (where the request arrived) for the session's group."""
+        runner = self.ready_runner()
+        session = self.sessions.touch(session_id)
+        if len(body) > INIT_P2P_MAX_BYTES:
+            raise TooLarge("request_entity_too_large", f"/init_nccl takes at most {INIT_P2P_MAX_BYTES} bytes")
+        return await self.p2p.init(session, address, body, runner.info.device)
+
+    # -- /generate ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Answer]:
+        """Validate, run the forward and the projection, and yield the Answer to deliver.
+
+        An answer over p2p keeps the session's transfer lock until it is delivered, so transfers
+        follow request order; one over the wire holds nothing.
+        """
+        runner = self.ready_runner()
+        session = self.sessions.touch(request.session_id)
+        start = time.perf_counter()
+        inputs = await asyncio.to_thread(
+            parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
+        )
+        job = _Job(runner, inputs, _vocab(session), _offered(runner, request.encoding))
+        job.timings["decode"] = time.perf_counter() - start
+        async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
+            if transfer is not None:
+                yield await self._run(job, transfer)
+                return
+        yield await self._run(job, None)
+
+    async def _run(self, job: _Job, transfer: Transfer | None) -> Answer:
+        async with self._compute_lock:
+            supervision = await self._on_model_thread(_supervise, job, transfer is None)
+        return Answer(supervision, job.encoding, job.inputs["input_ids"].numel(), job.timings, transfer)
+
+    def delivered(self, answer: Answer, path: str, nbytes: int) -> None:
+        """Count a delivered answer: its phases, its tokens, its bytes by path (wire or p2p)."""
+        for phase, seconds in answer.timings.items():
+            self.metrics.generate_phase_seconds.labels(phase).observe(seconds)
+        self.metrics.tokens.inc(answer.tokens)
+        self.metrics.sent_bytes.labels(path).inc(nbytes)
+
+
+def _check_capabilities(runner: TargetRunner) -> None:
+    if encodings.HIDDEN in runner.info.encodings and not isinstance(runner, HiddenStateRunner):
+        raise TypeError(f"{type(runner).__name__} offers the hidden encoding but is no HiddenStateRunner")
+
+
+def _offered(runner: TargetRunner, encoding: str) -> str:
+    if encoding not in runner.info.encodings:
+        raise InvalidInput(
+            "encoding_not_offered",
+            f"encoding {encoding!r} is not offered; this server offers {', '.join(runner.info.encodings)}",
+        )
+    return encoding
+
+
+def _same(a: VocabMapping, b: VocabMapping) -> bool:
+    return torch.equal(a.selected_token_ids, b.selected_token_ids) and torch.equal(
+        a.selected_token_mask, b.selected_token_mask
+    )
+
+
+def _vocab(session: Session) -> VocabMapping:
+    if session.vocab is None:
+        raise NoVocabMapping()
+    return session.vocab
+
+
+def _warm_up(runner: TargetRunner) -> None:
+    """One tiny forward and projection, so the first real request pays no lazy initialisation."""
+    device = runner.info.device
+    ids = torch.zeros(1, WARMUP_TOKENS, dtype=torch.long, device=device)
+    logits, aux = runner.forward(ids, torch.ones_like(ids))
+    build_supervision(logits, aux, ids, ids, VocabMapping.identity(logits.shape[-1], device))
+
+
+def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
+    """On the model thread: forward, projection into the encoding, and (for the wire) the move to host memory."""
+    runner, inputs = job.runner, job.inputs
+    device = runner.info.device
+    start = time.perf_counter()
+    input_ids = inputs["input_ids"].to(device)
+    attention_mask = inputs["attention_mask"].to(device)
+    hidden = None
+    if job.encoding == encodings.HIDDEN and isinstance(runner, HiddenStateRunner):
+        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask)
+    else:
+        logits, aux = runner.forward(input_ids, attention_mask)
+    job.timings["forward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    loss_mask = inputs["loss_mask"].to(device)
+    supervision = encodings.encode(job.encoding, logits, aux, input_ids, loss_mask, job.vocab, hidden)
+    del logits, hidden
+    if to_host:
+        supervision = {k: v.cpu() for k, v in supervision.items()}
+    else:  # the p2p path sends straight from the runner's device
+        supervision = {k: v.contiguous() for k, v in supervision.items()}
+    job.timings["projection"] = time.perf_counter() - start
+    return supervision
