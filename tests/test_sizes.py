@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "eagle3_target"
-PARTS = ("client", "protocol", "operator")
+PARTS = ("client", "protocol", "operator", "server")
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 

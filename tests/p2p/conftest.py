@@ -1,4 +1,4 @@
-"""Fixtures of the data-plane tests."""
+"""Fixtures of the p2p tests."""
 
 import signal
 import subprocess

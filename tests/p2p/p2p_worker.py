@@ -1,4 +1,4 @@
-"""A client process for the data-plane tests: `python p2p_worker.py MODE URL [options]`.
+"""A client process for the p2p tests: `python p2p_worker.py MODE URL [options]`.
 
 batches: fetch batches through RemoteTargetBackend on the chosen data path, check each
          against the supervision computed locally, print one JSON line of results.

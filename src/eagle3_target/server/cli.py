@@ -10,9 +10,9 @@ import argparse
 import functools
 import ipaddress
 import logging
-import sys
 from pathlib import Path
 
+from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.contract import DEFAULT_PORT
 
 from .options import (
@@ -28,7 +28,6 @@ from .p2p import options as p2p_options
 
 log = logging.getLogger(__name__)
 ENGINES = ("hf", "sglang", "vllm", "synthetic")
-INSTALL = "pip install 'eagle3-target[server]'"
 
 
 def _model(text: str) -> str | None:
@@ -222,31 +221,23 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _fail(socks, message: str) -> int:
-    for sock in socks:
-        sock.close()
-    print(f"eagle3-target serve: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
-    try:  # the heavy imports, once the flags are known to be well-formed
-        from .app import TargetServer
-        from .process import listen, run_server
-    except ModuleNotFoundError as exc:  # exit status 1, as for every command whose extra is missing
-        sys.exit(f"eagle3-target serve: error: {exc.name} is not installed; {INSTALL}")
+    from .app import TargetServer  # the heavy imports, once the flags are known to be well-formed
+    from .process import listen, run_server
 
     socks = []
     try:
-        for host in args.host:  # first: a taken port is the quickest thing to report
-            socks.append(listen(host, args.port))
-    except OSError as exc:
-        return _fail(socks, f"cannot listen on {_address(host, args.port)}: {exc.strerror or exc}")
-    try:
+        try:  # first: a taken port is the quickest thing to report
+            for host in args.host:
+                socks.append(listen(host, args.port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {_address(host, args.port)}: {exc.strerror or exc}") from None
         check(args)
         options = ServerOptions.from_args(args)
     except UsageError as exc:
-        return _fail(socks, str(exc))
+        for sock in socks:
+            sock.close()
+        raise CommandError(str(exc), Exit.USAGE) from None
     if options.auth_token is None and not all(_is_loopback(host) for host in args.host):
         log.warning(
             "serving on %s without --auth-token-file: anyone who can reach it can use it", ",".join(args.host)
