@@ -18,12 +18,13 @@ __all__ = ["add_arguments", "run"]
 @contextmanager
 def fleet_errors():
     """The fleet's failures as one line each, with the exit code every command gives them (docs/cli.md)."""
-    from eagle3_target.protocol.encodings import EncodingError
-
-    from ..connection import ServerError
-    from ..endpoints import EndpointError
-    from ..errors import BatchFailedError
-    from ..identity import ModelMismatchError
+    from eagle3_target.client import (
+        BatchFailedError,
+        EncodingError,
+        EndpointError,
+        ModelMismatchError,
+        ServerError,
+    )
 
     try:
         yield

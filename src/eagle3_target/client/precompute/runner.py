@@ -8,8 +8,8 @@ import json
 import logging
 from typing import Any
 
-from ..backend import RemoteTargetBackend
-from ..options import PoolOptions
+from eagle3_target.client import PoolOptions, RemoteTargetBackend
+
 from . import cache, data
 from .options import UsageError
 from .progress import Progress
