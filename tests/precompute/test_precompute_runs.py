@@ -6,12 +6,16 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import threading
 import time
+import urllib.request
 
 import fsspec
 import pytest
 from moto.server import ThreadedMotoServer
-from target_support import free_port
+from target_support import TargetProcess, free_port
+
+from eagle3_target.client.precompute.progress import Progress
 
 from .precompute_support import argv, cache_files, precompute, precompute_process
 
@@ -113,3 +117,49 @@ def test_resume_refuses_a_cache_made_with_other_settings(slow_fleet, target, tmp
     )
     assert "['shuffle_seed']" in last
     assert cache_files(tmp_path) == before
+
+
+def test_a_server_killed_mid_run_changes_no_byte(slow_fleet, target, tmp_path):
+    """Failover under precompute: the batches of a SIGKILLed server go to the other; the cache is the same."""
+    server, model = slow_fleet
+    flags = ["--skip-config-digest"]
+    assert precompute(*argv(server.url, tmp_path / "alone", model, target[1], *flags)) == 0
+    victim = TargetProcess("127.0.0.10", "--engine", "synthetic", "--forward-delay", "0.25").wait_ready()
+
+    def kill_once_it_served() -> None:
+        while victim.generated() < 1:
+            time.sleep(0.05)
+        victim.kill()
+
+    killer = threading.Thread(target=kill_once_it_served, daemon=True)
+    killer.start()
+    try:
+        fleet = f"{server.url},{victim.url}"
+        assert precompute(*argv(fleet, tmp_path / "failover", model, target[1], *flags)) == 0
+        killer.join(10)
+        assert victim.process.returncode == -signal.SIGKILL, "the victim must die mid-run"
+    finally:
+        victim.kill()
+    assert cache_files(tmp_path / "failover") == cache_files(tmp_path / "alone")
+
+
+def test_metrics_are_served_while_the_run_lasts():
+    port = free_port()
+    progress = Progress(8, worker="1/1", metrics_port=port)
+    progress.batch(samples=2, tokens=50)
+    progress.shard(1000)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{port}/", timeout=5) as r:
+        text = r.read().decode()
+    for line in (
+        "eagle3_precompute_samples_total 2.0",
+        "eagle3_precompute_tokens_total 50.0",
+        "eagle3_precompute_bytes_total 1000.0",
+        "eagle3_precompute_shards_total 1.0",
+        "eagle3_precompute_planned_samples 8.0",
+    ):
+        assert line in text.splitlines(), text
+    progress.close()
+    assert progress.summary().startswith("precompute 1/1: 2 samples, 1 shards, 1,000 bytes in ")
+    with pytest.raises(OSError):  # closed with the run
+        opener.open(f"http://127.0.0.1:{port}/", timeout=2)
