@@ -1,5 +1,5 @@
-"""The real operator against kmock: healing, rollout, invalid specs, leader election through an outage. Creation,
-scaling, two operators and a killed leader run on a real API server in tests/cluster."""
+"""The real operator against kmock: healing, rollout, hostNetwork ports, leader election through an outage.
+Creation, scaling, an invalid spec, two operators and a killed leader run on a real API server in tests/cluster."""
 
 from __future__ import annotations
 
@@ -88,34 +88,6 @@ async def test_spec_change_replaces_pods_one_at_a_time(operator):
         return target
 
     await operator.eventually(complete)
-
-
-async def test_invalid_spec_sets_degraded_with_event_and_churns_nothing(operator):
-    await operator.create_target("llama", SPEC)
-    await _ready_all(operator, 2)
-    before = {name: pod["metadata"]["uid"] for name, pod in operator.pods().items()}
-
-    await operator.patch_target("llama", {"spec": {"auxLayerIds": [3, 3, 7], "replicas": 4}})
-
-    def invalid():
-        target = operator.target("llama")
-        degraded = condition(target, "Degraded")
-        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
-        assert "duplicates" in degraded["message"]
-        assert condition(target, "Ready")["reason"] == "InvalidSpec"
-        return target
-
-    await operator.eventually(invalid)
-    events = await operator.eventually(
-        lambda: [e for e in operator.events() if e.get("reason") == "InvalidSpec"]
-    )
-    assert events[0]["type"] == "Warning" and "duplicates" in events[0]["message"]
-    await asyncio.sleep(0.6)  # a few timer ticks: neither pods nor events churn
-    assert {name: pod["metadata"]["uid"] for name, pod in operator.pods().items()} == before
-    assert len([e for e in operator.events() if e.get("reason") == "InvalidSpec"]) == 1
-
-    await operator.patch_target("llama", {"spec": {"auxLayerIds": [3, 5, 7], "replicas": 2}})
-    await operator.eventually(lambda: condition(operator.target("llama"), "Degraded")["status"] == "False")
 
 
 async def test_host_network_ports_per_replica_and_too_small_range(operator):

@@ -1,0 +1,70 @@
+"""What the operator reports from a real cluster: the real scheduler's Unschedulable message (this control plane
+has no node) as Stalled, and a spec the CRD admits but the operator refuses as Degraded/InvalidSpec with exactly
+one Warning Event in the events API, churning no pod."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import yaml
+from cluster.operator_process import eventually, start_operator
+from cluster.test_operator_identity import MANIFESTS, target
+
+HOME = "eagle3-system"
+
+
+def condition(kubectl, namespace: str, type_: str) -> dict:
+    status = kubectl.json("-n", namespace, "get", "e3t", "llama").get("status", {})
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def warnings(kubectl, namespace: str, reason: str) -> list[dict]:
+    events = kubectl.json("-n", namespace, "get", "events", f"--field-selector=reason={reason}")["items"]
+    return [e for e in events if e["type"] == "Warning" and e["involvedObject"]["kind"] == "Eagle3Target"]
+
+
+def test_the_schedulers_refusal_and_an_invalid_spec_reach_the_status(
+    crd, control_plane, kubectl, namespace, tmp_path
+):
+    kubectl("apply", "-f", str(MANIFESTS / "namespace.yaml"), "-f", str(MANIFESTS / "rbac.yaml"))
+    operator = start_operator(
+        control_plane,
+        kubectl,
+        tmp_path,
+        "--all-namespaces",
+        "--interval=1",
+        namespace=HOME,
+        service_account="eagle3-target-operator",
+    )
+    try:
+        spec = {"model": "m", "image": "example.test/server:1", "replicas": 1, "auxLayerIds": [3, 5, 7]}
+        kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(target(namespace, **spec)))
+
+        def stalled():
+            cond = condition(kubectl, namespace, "Stalled")
+            return cond.get("status") == "True" and cond.get("reason") == "Unschedulable" and cond
+
+        cond = eventually(stalled, timeout=60, what="Stalled/Unschedulable")
+        scheduled = kubectl.json("-n", namespace, "get", "pod", "llama-0")["status"]["conditions"]
+        (refusal,) = [c["message"] for c in scheduled if c["type"] == "PodScheduled"]
+        assert refusal in cond["message"]  # the scheduler's own words
+
+        uid = kubectl.json("-n", namespace, "get", "pod", "llama-0")["metadata"]["uid"]
+        patch = json.dumps({"spec": {"auxLayerIds": [3, 3, 7], "replicas": 2}})
+        kubectl("-n", namespace, "patch", "e3t/llama", "--type=merge", "-p", patch)
+
+        def invalid():
+            cond = condition(kubectl, namespace, "Degraded")
+            return cond.get("reason") == "InvalidSpec" and "duplicates" in cond["message"] and cond
+
+        eventually(invalid, timeout=60, what="Degraded/InvalidSpec")
+        eventually(lambda: warnings(kubectl, namespace, "InvalidSpec"), timeout=30, what="a Warning Event")
+        time.sleep(3)  # several resyncs: no second Event, no pod touched
+        (event,) = warnings(kubectl, namespace, "InvalidSpec")
+        assert "duplicates" in event["message"] and event.get("count", 1) == 1
+        pods = kubectl.json("-n", namespace, "get", "pods")["items"]
+        assert [(p["metadata"]["name"], p["metadata"]["uid"]) for p in pods] == [("llama-0", uid)]
+    finally:
+        operator.stop()
+    assert "Forbidden" not in operator.output()
