@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -163,3 +165,32 @@ def test_metrics_are_served_while_the_run_lasts():
     assert progress.summary().startswith("precompute 1/1: 2 samples, 1 shards, 1,000 bytes in ")
     with pytest.raises(OSError):  # closed with the run
         opener.open(f"http://127.0.0.1:{port}/", timeout=2)
+
+
+WRITER = """
+import sys
+from eagle3_target.client.precompute.store import CacheStore
+CacheStore(sys.argv[1]).write("shard-000001.safetensors", bytes(1 << 29))
+"""
+
+
+def test_a_process_killed_while_writing_a_shard_leaves_no_shard_and_resume_clears_it(
+    slow_fleet, target, tmp_path
+):
+    server, model = slow_fleet
+    cache = tmp_path / "cache"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(cache)])
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 0 for p in cache.glob(".shard-000001.*.tmp")):
+        assert writer.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    writer.send_signal(signal.SIGKILL)
+    assert writer.wait(30) == -signal.SIGKILL
+    (partial,) = cache.iterdir()
+    assert partial.name.startswith(".shard-000001.safetensors.") and partial.stat().st_size < 1 << 29
+    assert precompute(*argv(server.url, cache, model, target[1], "--skip-config-digest", "--resume")) == 0
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "manifest.json",
+        *(f"shard-{i:06d}.safetensors" for i in range(3)),
+        "target_embeddings.safetensors",
+    ]

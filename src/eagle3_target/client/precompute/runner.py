@@ -28,13 +28,20 @@ def config_digest(config) -> str:
 
 
 def check_output(store: CacheStore, args: argparse.Namespace) -> set[int]:
-    """This worker's shards already in the cache; refused without --resume."""
-    mine = {s for s in store.shard_indices() if s % args.worker_count == args.worker_index}
-    if mine and not args.resume:
+    """This worker's shards already in the cache; refused without --resume. What a killed run of this worker
+    left half-written is removed."""
+
+    def mine(shard: int) -> bool:
+        return shard % args.worker_count == args.worker_index
+
+    present = {s for s in store.shard_indices() if mine(s)}
+    if present and not args.resume:
         raise UsageError(
             f"{args.output_dir} already has shards; pass --resume to continue or use a fresh dir"
         )
-    return mine
+    for name in store.remove_partial_shards(mine):
+        log.info("removed %s, a shard a killed run left half-written", name)
+    return present
 
 
 def check_model(info: dict[str, Any], config, args: argparse.Namespace) -> list[int]:

@@ -8,12 +8,16 @@ appears only when its copy completes. Temporary names never match a shard's name
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
 import fsspec
 
 from .cache import MANIFEST, SHARD
+
+# What write() leaves behind when its process is killed mid-shard.
+PARTIAL_SHARD = re.compile(r"^\.shard-(\d{6})\.safetensors\.[0-9a-f]{32}\.tmp$")
 
 
 class CacheStore:
@@ -25,12 +29,22 @@ class CacheStore:
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
+    def names(self) -> list[str]:
+        if not self.fs.isdir(self.root):
+            return []
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False, refresh=True)]
+
     def shard_indices(self) -> set[int]:
         """The shards already complete in the cache."""
-        if not self.fs.isdir(self.root):
-            return set()
-        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False, refresh=True))
-        return {int(m.group(1)) for m in map(SHARD.match, names) if m}
+        return {int(m.group(1)) for m in map(SHARD.match, self.names()) if m}
+
+    def remove_partial_shards(self, mine) -> list[str]:
+        """Delete the temporaries a killed writer left of the shards ``mine(index)`` accepts (no other worker
+        writes those); returns their names."""
+        stale = [n for n in self.names() if (m := PARTIAL_SHARD.match(n)) and mine(int(m.group(1)))]
+        for name in stale:
+            self.fs.rm(self.path(name))
+        return stale
 
     def read_manifest(self) -> dict[str, Any] | None:
         if not self.fs.exists(self.path(MANIFEST)):
