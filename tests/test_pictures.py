@@ -1,5 +1,5 @@
 """The committed pictures are what their sources render: Graphviz sources by scripts/render-pictures.sh, the
-benchmark plots by docs/pictures/bench_plots.py."""
+benchmark plots by docs/pictures/bench_plots.py, the dashboard by docs/pictures/dashboard.py (a live run)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,26 @@ def test_the_benchmark_plots_are_redrawn_by_their_script(tmp_path):
     assert drawn == ["client-scaling.png", "encodings.png"]
     for name in drawn:
         assert png_size(tmp_path / name) == png_size(ROOT / "docs" / "pictures" / name), name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_dashboard_picture_is_redrawn_from_a_live_run(tmp_path):
+    if shutil.which("prometheus") is None:
+        missing(
+            "prometheus is not on PATH",
+            "apt-get install prometheus, Debian's package; .ci/prometheus does it in CI",
+        )
+    out = tmp_path / "dashboard.png"
+    script = ROOT / "docs" / "pictures" / "dashboard.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(out), "--seconds", "4"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert png_size(out) == png_size(ROOT / "docs" / "pictures" / "dashboard.png")
 
 
 def test_the_readme_shows_the_architecture_picture():
