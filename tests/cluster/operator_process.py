@@ -6,6 +6,7 @@ loopback API server, and no kubeconfig at all. What it does to the cluster is in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.k8s import Cli, ControlPlane
+from tiers import missing
 
 # In a new mount namespace: a tmpfs over /run (= /var/run) with the ServiceAccount files where a pod has them,
 # and a resolv.conf naming only 127.0.0.1, so no name lookup can leave the machine; `exec` keeps the
@@ -46,6 +48,15 @@ class OperatorProcess:
                 self.proc.wait()
 
 
+@functools.cache
+def _can_unshare() -> bool:
+    probe = ["unshare", "--mount", "--propagation", "private", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
 def start_operator(
     control_plane: ControlPlane,
     kubectl: Cli,
@@ -56,6 +67,11 @@ def start_operator(
     name: str = "operator",
 ) -> OperatorProcess:
     """Start the operator in `namespace` as `service_account`; `args` follow `eagle3-target operator`."""
+    if not _can_unshare():
+        missing(
+            "a private mount namespace for the operator's pod identity",
+            "unshare --mount needs root, as CI has",
+        )
     secrets = workdir / f"{name}-serviceaccount"
     secrets.mkdir(parents=True)
     token = kubectl("-n", namespace, "create", "token", service_account, "--duration=2h").stdout.strip()
