@@ -99,7 +99,8 @@ async def start_server(runner, tokens: int) -> tuple[web.AppRunner, str]:
 
 async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: int) -> dict:
     """Per encoding: reply bytes, server compute phases, round trip into supervision on the device."""
-    from eagle3_target.client.connection import parse_server_timing, read_tensors
+    from eagle3_target.client.body import read_tensors
+    from eagle3_target.client.connection import parse_server_timing
     from eagle3_target.protocol import encodings, wire
 
     device = runner.info.device

@@ -35,7 +35,8 @@ import time
 import aiohttp
 import torch
 
-from eagle3_target.client.connection import parse_server_timing, read_tensors
+from eagle3_target.client.body import read_tensors
+from eagle3_target.client.connection import parse_server_timing
 from eagle3_target.protocol import encodings, wire
 from eagle3_target.protocol.contract import ENCODING_HEADER
 

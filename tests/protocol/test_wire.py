@@ -254,3 +254,28 @@ def test_fuzzed_buffers_decode_or_raise_wire_error(data):
 def test_random_bytes_never_crash(blob):
     with contextlib.suppress(WireError):
         decode(bytearray(wire.MAGIC_BYTES + blob))
+
+
+def test_receive_pool_reuses_a_buffer_only_once_every_view_of_it_is_gone():
+    pool = wire.ReceivePool(max_free_bytes=8 << 20)
+    first = pool.empty((1 << 20,), torch.float32)
+    address, view = first.data_ptr(), first[10:].view(torch.int32)
+    del first
+    second = pool.empty((1 << 20,), torch.float32)
+    assert second.data_ptr() != address  # ``view`` still uses it
+    del view
+    third = pool.empty((2, 1 << 19), torch.float32)
+    assert third.data_ptr() == address and third.shape == (2, 1 << 19)
+
+
+def test_receive_pool_keeps_at_most_max_free_bytes():
+    pool = wire.ReceivePool(max_free_bytes=6 << 20)
+    held = [pool.empty((1 << 20,), torch.float32) for _ in range(3)]  # 3 x 4 MiB
+    assert pool.free_bytes == 0
+    del held
+    assert pool.free_bytes == 4 << 20  # only one fits under 6 MiB
+    small = pool.empty((1000,), torch.float32)  # under min_bytes: torch's own allocation
+    del small
+    assert pool.free_bytes == 4 << 20
+    again = pool.empty((1 << 20,), torch.float32)
+    assert pool.free_bytes == 0 and again.shape == (1 << 20,)

@@ -18,6 +18,8 @@ import torch
 from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.model_info import ModelInfo
 
+from .body import read_tensors
+
 # Failures that say "this server, now" rather than "this request": try another server.
 TRANSIENT_ERRORS = (
     aiohttp.ClientConnectionError,
@@ -74,30 +76,6 @@ async def read_body(response: aiohttp.ClientResponse) -> bytearray:
     return body
 
 
-class _BodySource:
-    """A response body as a wire.ByteSource: aiohttp's received chunks copied once, into their final place."""
-
-    def __init__(self, response: aiohttp.ClientResponse):
-        self.content = response.content
-
-    async def readinto(self, view: memoryview) -> None:
-        filled = 0
-        while filled < len(view):
-            chunk = await self.content.read(len(view) - filled)
-            if not chunk:
-                raise aiohttp.ClientPayloadError(f"body ended {len(view) - filled} bytes early")
-            view[filled : filled + len(chunk)] = chunk
-            filled += len(chunk)
-
-
-async def read_tensors(response: aiohttp.ClientResponse, pin_memory: bool = False) -> dict[str, Any]:
-    """A wire-blob body as tensors, each read into its own storage as it arrives (wire.read_blob)."""
-    size = response.content_length
-    if size is None:  # no length to bound the allocations by: take the body first
-        return wire.decode(await read_body(response))
-    return await wire.read_blob(_BodySource(response), size, pin_memory=pin_memory)
-
-
 class ServerConnection:
     """HTTP calls to one server, all under one session id (the server keeps our vocab mapping per session)."""
 
@@ -140,8 +118,10 @@ class ServerConnection:
         headers: dict[str, str] | None = None,
     ):
         """POST and return the response with its wire-blob body read into tensors (``read_tensors``)."""
+        timeout = timeout or self.timeout
         async with self._posting(path, body, timeout, headers) as response:
-            return response, await read_tensors(response, self.pin_memory)
+            stall = timeout.sock_read or timeout.total
+            return response, await read_tensors(response, self.pin_memory, stall)
 
     @contextlib.asynccontextmanager
     async def _posting(self, path: str, body: bytes, timeout: aiohttp.ClientTimeout | None, headers):
