@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import EXTRAS_MODULES, HELP_PENDING
+from cli_support import EXTRAS_MODULES
 from target_support import free_port
 
 from eagle3_target import __version__
@@ -18,13 +18,6 @@ from eagle3_target.cli import COMMANDS, build_parser
 from eagle3_target.exits import Exit
 
 ROOT = Path(__file__).resolve().parents[2]
-# A strict xfail: the marker has to go once the command's help needs no extra.
-EVERY_COMMAND = [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=f"{c}'s arguments still import torch"))
-    if c in HELP_PENDING
-    else c
-    for c in COMMANDS
-]
 
 
 def cli(*args: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -51,14 +44,14 @@ def test_top_level_help_describes_the_tool_in_a_whole_sentence():
     assert all(name in done.stdout for name in COMMANDS)
 
 
-@pytest.mark.parametrize("command", EVERY_COMMAND)
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_help_needs_only_the_base_install(command):
     done = cli(command, "--help", block=EXTRAS_MODULES)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: eagle3-target {command}")
 
 
-@pytest.mark.parametrize("command", EVERY_COMMAND)
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_option_has_help_naming_its_default(command):
     parser, _ = build_parser(command)
     (sub,) = [a for a in parser._subparsers._group_actions if a.dest == "command"]  # noqa: SLF001
