@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from target_support import generate_body, serve, spec_reference, vocab_body
+from target_support import generate_body, serve, served, spec_reference, vocab_body
 from transformers import AutoModelForCausalLM
 
 from eagle3_target.protocol import wire
@@ -375,3 +375,20 @@ async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving
     hangups = [r for r in caplog.records if "client went away mid-response" in r.getMessage()]
     assert [r.levelno for r in hangups] == [logging.DEBUG]
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_a_wrong_method_on_a_known_endpoint_is_counted_under_that_endpoint():
+    async with serve(lambda: SyntheticRunner(vocab_size=V)) as srv:
+        assert (await srv.get("model_info")).status == 405
+        assert (await srv.get("no/such/path")).status == 404
+        assert served(srv.server, "model_info", "405") == 1
+        assert served(srv.server, "unmatched", "404") == 1
+        assert served(srv.server, "unmatched", "405") == 0
+
+
+async def test_the_model_info_metric_lists_encodings_comma_joined():
+    async with serve(lambda: SyntheticRunner(vocab_size=V)) as srv:
+        registry = srv.server.metrics.registry
+        labels = {"encodings": "nemo,logits,hidden", "engine": "synthetic"}
+        samples = [s for m in registry.collect() if m.name == "eagle3_target_model" for s in m.samples]
+        assert len(samples) == 1 and labels.items() <= samples[0].labels.items(), samples
