@@ -18,8 +18,9 @@ from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-# Each domain error's status code.
+# Each domain error's status code; ServiceError itself (an error nobody classified) is a 400.
 STATUS: dict[type[errors.ServiceError], int] = {
+    errors.ServiceError: 400,
     errors.InvalidInput: 400,
     errors.Forbidden: 403,
     errors.NoVocabMapping: 409,
@@ -92,7 +93,7 @@ async def json_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except errors.ServiceError as exc:
-        status = STATUS[type(exc)]
+        status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)  # a subclass maps as its base
         retry = {"Retry-After": str(SESSION_RETRY_AFTER)} if status == 429 else None
         return error_response(status, exc.error, exc.detail, retry)
     except web.HTTPException as exc:
