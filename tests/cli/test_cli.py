@@ -129,3 +129,8 @@ def test_logging_options_before_or_after_the_command(before):
 def test_the_exit_code_table_in_the_docs_is_the_code():
     table = dict(re.findall(r"^\| (\d+) \| `(\w+)` \|", (ROOT / "docs" / "cli.md").read_text(), re.M))
     assert table == {str(int(code)): code.name for code in Exit}
+
+
+def test_the_command_table_in_the_docs_lists_every_command():
+    listed = re.findall(r"^\| `([\w-]+)` \| .+ \| `(\w+)` \|", (ROOT / "docs" / "cli.md").read_text(), re.M)
+    assert dict(listed) == {name: extra for name, (_, _, extra) in COMMANDS.items()}
