@@ -68,3 +68,81 @@ def test_the_schedulers_refusal_and_an_invalid_spec_reach_the_status(
     finally:
         operator.stop()
     assert "Forbidden" not in operator.output()
+
+
+def container_status(kubectl, namespace: str, pod: str, state: dict, ready: bool = False) -> None:
+    """What a kubelet writes through /status: the server container's state, the pod's conditions."""
+    status = {
+        "phase": "Running" if ready else "Pending",
+        "podIP": "127.0.0.3",
+        "podIPs": [{"ip": "127.0.0.3"}],
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": str(ready)},
+            {"type": "ContainersReady", "status": str(ready)},
+        ],
+        "containerStatuses": [
+            {
+                "name": "server",
+                "image": "example.test/server:1",
+                "imageID": "",
+                "ready": ready,
+                "restartCount": 0 if "waiting" not in state else 3,
+                "state": state,
+            }
+        ],
+    }
+    body = json.dumps({"status": status})
+    kubectl("-n", namespace, "patch", "pod", pod, "--subresource=status", "--type=merge", "-p", body)
+
+
+def test_a_progress_deadline_pull_and_crash_loops_stall_the_fleet(
+    crd, control_plane, kubectl, namespace, tmp_path
+):
+    kubectl("apply", "-f", str(MANIFESTS / "namespace.yaml"), "-f", str(MANIFESTS / "rbac.yaml"))
+    operator = start_operator(
+        control_plane,
+        kubectl,
+        tmp_path,
+        "--all-namespaces",
+        "--interval=1",
+        namespace=HOME,
+        service_account="eagle3-target-operator",
+    )
+    try:
+        spec = {
+            "model": "m",
+            "image": "example.test/server:1",
+            "replicas": 1,
+            "progressDeadlineSeconds": 2,
+            # no scheduler takes these pods: nothing but the deadline and the stand-in kubelet moves them
+            "podTemplate": {"spec": {"schedulerName": "stand-in"}},
+        }
+        kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(target(namespace, **spec)))
+
+        def stalled(reason: str):
+            def check():
+                cond = condition(kubectl, namespace, "Stalled")
+                return cond.get("status") == "True" and cond.get("reason") == reason and cond
+
+            return eventually(check, timeout=30, what=f"Stalled/{reason}")
+
+        assert "no progress for 2 s" in stalled("ProgressDeadlineExceeded")["message"]
+        pull = {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}
+        container_status(kubectl, namespace, "llama-0", pull)
+        assert "Back-off pulling image" in stalled("ImagePullBackOff")["message"]
+        crash = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting"}}
+        container_status(kubectl, namespace, "llama-0", crash)
+        assert "back-off 40s restarting" in stalled("CrashLoopBackOff")["message"]
+        container_status(kubectl, namespace, "llama-0", {"running": {}}, ready=True)
+        eventually(
+            lambda: (
+                condition(kubectl, namespace, "Stalled").get("status") == "False"
+                and condition(kubectl, namespace, "Ready").get("status") == "True"
+            ),
+            timeout=30,
+            what="Ready, no longer Stalled",
+        )
+    finally:
+        operator.stop()
+    assert "Forbidden" not in operator.output()

@@ -54,7 +54,6 @@ def _rv(obj: dict) -> int:
 class KubeEmulator(kmock.KubernetesEmulator):
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
     _latest: int = attrs.field(default=0, init=False)
-    pod_history: list[tuple[int, int]] = attrs.field(factory=list, init=False)
     # pod name -> what admission answers to its creation
     refusals: dict[str, kmock.KubernetesError] = attrs.field(factory=dict, init=False)
     # resources ("group/version/plural") that answer 503 to everything
@@ -88,16 +87,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 request = self._stamp(request)
             except kmock.KubernetesError as e:
                 return await self._render_error(e)
-        try:
-            return await super()._handle(request)
-        finally:
-            if request.resource == kmock.resource("v1/pods"):
-                self.pod_history.append(self._pod_counts())
-
-    def _pod_counts(self) -> tuple[int, int]:
-        pods = [o.raw for k, o in self.objects.items() if k[0] == kmock.resource("v1/pods") and not o.deleted]
-        ready = [p for p in pods if Cluster.is_ready(p)]
-        return len(pods), len(ready)
+        return await super()._handle(request)
 
     def _stamp(self, request: kmock.Request) -> kmock.Request:
         res = request.resource

@@ -1,8 +1,6 @@
-"""What the kmock operator tests share: a target spec, condition lookup, a stand-in kubelet."""
+"""What the kmock operator tests share: a target spec, condition lookup, ready pods."""
 
 from __future__ import annotations
-
-import asyncio
 
 SPEC = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -30,12 +28,3 @@ async def ready_all(cluster, count: int, name: str = "llama", timeout: float = 1
         await cluster.set_pod_ready(pod_name, ordinal_ip(pod))
     await cluster.eventually(lambda: condition(cluster.target(name), "Ready")["status"] == "True", timeout)
     return {pod_name: pod["metadata"]["uid"] for pod_name, pod in cluster.pods().items()}
-
-
-async def kubelet(cluster, stop: asyncio.Event) -> None:
-    """Makes every new pod ready soon after it appears, as a kubelet would once the model loaded."""
-    while not stop.is_set():
-        for pod_name, pod in cluster.pods().items():
-            if not cluster.is_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
-                await cluster.set_pod_ready(pod_name, ordinal_ip(pod))
-        await asyncio.sleep(0.05)

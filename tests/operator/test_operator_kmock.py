@@ -1,5 +1,6 @@
-"""The real operator against kmock: healing, rollout, hostNetwork ports, leader election through an outage.
-Creation, scaling, an invalid spec, two operators and a killed leader run on a real API server in tests/cluster."""
+"""The real operator against kmock: the default one-at-a-time rollout, hostNetwork ports, the CLI process, leader
+election through an outage. Creation, scaling, healing, surge and partition rollouts, an invalid spec, two
+operators and a killed leader run on a real API server in tests/cluster."""
 
 from __future__ import annotations
 
@@ -21,33 +22,6 @@ async def _ready_all(operator, count: int) -> None:
     await operator.eventually(
         lambda: operator.target("llama").get("status", {}).get("readyReplicas") == count
     )
-
-
-async def test_deleted_pod_and_service_come_back_and_status_follows(operator):
-    await operator.create_target("llama", SPEC)
-    await _ready_all(operator, 2)
-    old_uid = operator.pods()["llama-1"]["metadata"]["uid"]
-
-    await operator.delete("pods", "llama-1")
-    await operator.delete("services", "llama")
-
-    def healed():
-        pod = operator.pods().get("llama-1")
-        assert pod is not None and pod["metadata"]["uid"] != old_uid
-        return pod
-
-    await operator.eventually(healed)
-    await operator.eventually(lambda: "llama" in operator.services())
-
-    def degraded_readiness():
-        target = operator.target("llama")
-        assert target["status"]["readyReplicas"] == 1 and target["status"]["endpoints"] == ["127.0.0.2:8001"]
-        assert condition(target, "Ready")["status"] == "False"
-        return target
-
-    await operator.eventually(degraded_readiness)
-    await operator.set_pod_ready("llama-1", "127.0.0.3")
-    await operator.eventually(lambda: condition(operator.target("llama"), "Ready")["status"] == "True")
 
 
 async def test_spec_change_replaces_pods_one_at_a_time(operator):
