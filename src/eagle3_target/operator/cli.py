@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 
+from ..exits import CommandError
 from .config import OperatorConfig, package_default_image
 
 
@@ -96,11 +97,18 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from(args)
     importlib.import_module("eagle3_target.operator.handlers")
-    kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness or None,
-        standalone=True,  # the Lease elects the one that acts; kopf's own peering would need two more CRDs
-        memo=kopf.Memo(config=config),
-    )
+    try:
+        kopf.run(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness or None,
+            standalone=True,  # the Lease elects the one that acts; kopf's own peering would need two more CRDs
+            memo=kopf.Memo(config=config),
+        )
+    except Exception as exc:
+        # a startup handler's deliberate refusal (the CRD not served) comes wrapped in kopf's private
+        # ActivityError: one line and exit 1, not kopf's traceback
+        if isinstance(exc.__cause__, kopf.PermanentError):
+            raise CommandError(str(exc.__cause__)) from None
+        raise
     return 0
