@@ -4,6 +4,7 @@ kind of failure (docs/cli.md), logging options before or after the command."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,7 +21,9 @@ from eagle3_target.exits import Exit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, block: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`eagle3-target ARGS` in a fresh interpreter where the modules in ``block`` are not installed."""
     code = (
         "import sys\n"
@@ -28,7 +31,7 @@ def cli(*args: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
         "from eagle3_target.cli import main\n"
         f"sys.exit(main({list(args)!r}))\n"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_version():
@@ -134,3 +137,13 @@ def test_the_exit_code_table_in_the_docs_is_the_code():
 def test_the_command_table_in_the_docs_lists_every_command():
     listed = re.findall(r"^\| `([\w-]+)` \| .+ \| `(\w+)` \|", (ROOT / "docs" / "cli.md").read_text(), re.M)
     assert dict(listed) == {name: extra for name, (_, _, extra) in COMMANDS.items()}
+
+
+def test_the_operator_without_cluster_credentials_says_so_at_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    done = cli("operator", "-A", env={**env, "KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path)})
+    assert done.returncode == Exit.USAGE and done.stderr.count("\n") == 1, done.stderr
+    assert (
+        done.stderr.startswith("eagle3-target operator: error: no cluster credentials")
+        and "$KUBECONFIG" in done.stderr
+    )

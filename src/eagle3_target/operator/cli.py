@@ -6,7 +6,7 @@ import argparse
 import importlib
 import os
 
-from ..exits import CommandError
+from ..exits import CommandError, Exit
 from .config import OperatorConfig, package_default_image
 
 
@@ -92,9 +92,24 @@ def config_from(args: argparse.Namespace) -> OperatorConfig:
     )
 
 
+def check_credentials() -> None:
+    """kopf retries a login that has no credentials every minute, forever: say so once, before starting."""
+    from .incluster import SERVICE_ACCOUNT, api_server
+
+    kubeconfigs = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    in_pod = api_server() is not None and (SERVICE_ACCOUNT / "token").is_file()
+    if not in_pod and not any(os.path.isfile(p) for p in kubeconfigs.split(os.pathsep) if p):
+        raise CommandError(
+            f"no cluster credentials: no ServiceAccount token in {SERVICE_ACCOUNT} and no kubeconfig at "
+            f"{kubeconfigs} (set $KUBECONFIG)",
+            Exit.USAGE,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
+    check_credentials()
     config = config_from(args)
     importlib.import_module("eagle3_target.operator.handlers")
     try:
