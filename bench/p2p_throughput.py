@@ -81,8 +81,8 @@ def main() -> None:
                 print(
                     f"{path:>4}: {results[path]}  [p2p transfers {channel.transfers}, fallbacks {channel.fallbacks}]"
                 )
-        wire, p2p = (r.nbytes / r.seconds for r in (results["wire"], results["p2p"]))
-        per_batch = results["wire"].nbytes / results["wire"].batches / 1e6
+        wire, p2p = (r.decoded_bytes / r.seconds for r in (results["wire"], results["p2p"]))
+        per_batch = results["wire"].decoded_bytes / results["wire"].batches / 1e6
         print(
             f"shape B={args.batch_size} S={args.seq_len} hidden={args.hidden} vocab={args.vocab} "
             f"({per_batch:.1f} MB/batch); p2p / wire throughput = {p2p / wire:.2f}x"
