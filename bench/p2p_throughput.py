@@ -77,10 +77,11 @@ def main() -> None:
                 results[path] = measure(
                     backend, args.batch_size, args.seq_len, args.batches, warmup=2, depth=1
                 )
-                channel = next(iter(backend.pool.members.values())).agreement.p2p
-                print(
-                    f"{path:>4}: {results[path]}  [p2p transfers {channel.transfers}, fallbacks {channel.fallbacks}]"
+                channel = next(iter(backend.pool.members.values())).agreement.p2p  # None over the wire
+                counts = (
+                    f"  [p2p transfers {channel.transfers}, fallbacks {channel.fallbacks}]" if channel else ""
                 )
+                print(f"{path:>4}: {results[path]}{counts}")
         wire, p2p = (r.decoded_bytes / r.seconds for r in (results["wire"], results["p2p"]))
         per_batch = results["wire"].decoded_bytes / results["wire"].batches / 1e6
         print(

@@ -5,7 +5,7 @@ arrived at: a free port of this pod's range (pods sharing a node under
 hostNetwork get disjoint ranges) or the port a NeMo client names, which must lie
 in that range. Our client asks for the authenticated mode: the reply carries a
 per-group secret and the group is only formed with a peer that proves it (see
-transport). A /generate that carries ``X-NeMo-NCCL: 1`` and finds its session's
+protocol/rendezvous.py). A /generate that carries ``X-NeMo-NCCL: 1`` and finds its session's
 group up is answered with JSON metadata and then the tensors over the group.
 
 A port stays reserved until its group is torn down and released: on any
@@ -105,7 +105,7 @@ class P2PGroups:
             )
         if port is not None and (self.ports is None or port not in self.ports):
             raise InvalidInput("port_out_of_range", f"nccl_port {port} is outside this server's {self.ports}")
-        self.teardown(session, "reinitialised")  # a second init means the client built a fresh transport
+        self.teardown(session, "reinitialised")  # a second init means the client built a fresh group
         try:
             sock = self._reserve(address, port)
         except OSError as exc:
