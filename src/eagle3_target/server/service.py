@@ -71,6 +71,8 @@ class _Job:
 
 
 class TargetService:
+    """One server's model, sessions and p2p groups: a method per endpoint, each named by session id."""
+
     def __init__(self, loader: Callable[[], TargetRunner], options: ServerOptions, metrics: ServerMetrics):
         self.loader, self.options, self.metrics = loader, options, metrics
         self.runner: TargetRunner | None = None
