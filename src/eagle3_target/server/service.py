@@ -239,7 +239,8 @@ class TargetService:
         inputs = await asyncio.to_thread(
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
-        job = _Job(runner, inputs, _vocab(session), _offered(runner, request.encoding))
+        encoding = _offered(runner, request.encoding)
+        job = _Job(runner, inputs, _vocab(session), encoding)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
             if transfer is not None:
