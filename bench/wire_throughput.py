@@ -7,8 +7,9 @@ transfer time is the client's round trip minus the server's compute phases, whic
 server reports in its Server-Timing header (decode, forward, projection, encode): what is
 left is sending, receiving and decoding the body into tensors, the part the wire format
 and HTTP stack are responsible for. The baseline is one socket.sendall of a
-preallocated buffer into recv_into on the other side, between two processes (also shown: the
-same into a fresh buffer per transfer, as a receiver that keeps the data must do). Where
+preallocated buffer into recv_into on the other side, between two processes, one transfer in each
+round of HTTP requests so that both see the same load (also shown, measured after: the same into
+a fresh buffer per transfer, as a receiver that keeps the data must do). Where
 nemo-automodel is installed, NeMo's own client (requests, reading the body in 10 KiB pieces and
 decoding with copies) is timed against the same server for comparison.
 
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import socket
 import statistics
 import time
+from collections.abc import Callable, Iterator
 
 import aiohttp
 import torch
@@ -61,26 +64,34 @@ def _tcp_sender(port_queue, nbytes: int, repeats: int) -> None:
                 conn.sendall(payload)
 
 
-def raw_tcp_seconds(nbytes: int, repeats: int, fresh: bool = False) -> list[float]:
-    """Seconds per transfer into one reused buffer, or into a new buffer each time (``fresh``: what a
-    receiver that keeps the data pays, page faults included)."""
+@contextlib.contextmanager
+def raw_tcp(nbytes: int, transfers: int, fresh: bool = False) -> Iterator[Callable[[], float]]:
+    """A sender process ready for ``transfers`` transfers; yields a function that times one: into one
+    reused buffer, or into a new buffer each time (``fresh``: what a receiver that keeps the data pays,
+    page faults included)."""
     ports = mp.Queue()
-    sender = mp.Process(target=_tcp_sender, args=(ports, nbytes, repeats))
+    sender = mp.Process(target=_tcp_sender, args=(ports, nbytes, transfers))
     sender.start()
     buf = memoryview(bytearray(nbytes))
-    times = []
     with socket.create_connection(("127.0.0.1", ports.get(timeout=30))) as sock:
-        for _ in range(repeats):
+
+        def transfer() -> float:
             start = time.perf_counter()
-            if fresh:
-                buf = memoryview(bytearray(nbytes))
+            into = memoryview(bytearray(nbytes)) if fresh else buf
             sock.sendall(b"x")
             got = 0
             while got < nbytes:
-                got += sock.recv_into(buf[got:])
-            times.append(time.perf_counter() - start)
+                got += sock.recv_into(into[got:])
+            return time.perf_counter() - start
+
+        yield transfer
     sender.join(30)
-    return times
+
+
+def nemo_reply_bytes(shape: dict) -> int:
+    dims = shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
+    want = encodings.expected(encodings.NEMO, *dims)
+    return wire.EncodedBlob({k: torch.empty(size, dtype=dtype) for k, (dtype, size) in want.items()}).nbytes
 
 
 def _serve(port_queue, shape: dict) -> None:
@@ -106,16 +117,17 @@ def _serve(port_queue, shape: dict) -> None:
 
 
 async def http_generate(
-    url: str, shape: dict, repeats: int, names: list[str]
-) -> dict[str, tuple[int, list[float], list[float]]]:
-    """Per encoding: (response bytes, round-trip seconds, transfer seconds per repeat). The encodings
-    take turns within each round, so a change in the machine's load hits them all alike."""
+    url: str, shape: dict, repeats: int, names: list[str], tcp_transfer: Callable[[], float]
+) -> tuple[dict[str, tuple[int, list[float], list[float]]], list[float]]:
+    """Per encoding: (response bytes, round-trip seconds, transfer seconds per repeat), and the raw TCP
+    seconds. The encodings and one raw TCP transfer take turns within each round, so a change in the
+    machine's load hits them all alike."""
     ids = torch.randperm(shape["vocab"])[: shape["draft"]]
     mask = torch.zeros(shape["vocab"], dtype=torch.bool)
     mask[ids] = True
     request = _generate_request(shape, shape["seq"])
     dims = shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
-    results = {name: (0, [], []) for name in names}
+    results, tcp = {name: (0, [], []) for name in names}, []
     async with aiohttp.ClientSession(trust_env=False) as http:
         while True:
             async with http.get(f"{url}/health") as resp:
@@ -141,9 +153,11 @@ async def http_generate(
                 transfers.append(elapsed - sum(timing[p] for p in COMPUTE_PHASES))
                 results[name] = resp.content_length, rounds, transfers
                 del out
-    return {
+            tcp.append(tcp_transfer())
+    per_encoding = {
         name: (nbytes, rounds[1:], transfers[1:]) for name, (nbytes, rounds, transfers) in results.items()
     }
+    return per_encoding, tcp[1:]
 
 
 def _generate_request(shape: dict, seq: int) -> bytes:
@@ -256,16 +270,19 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{ports.get(timeout=120)}"
             names = [encodings.NEMO, *(e for e in args.encoding or [] if e != encodings.NEMO)]
-            measured = asyncio.run(http_generate(url, shape, repeats, names))
+            with raw_tcp(nemo_reply_bytes(shape), repeats + 1) as tcp_transfer:
+                measured, tcp_times = asyncio.run(http_generate(url, shape, repeats, names, tcp_transfer))
             nbytes, rounds, transfers = measured[encodings.NEMO]
+            assert nbytes == nemo_reply_bytes(shape)
             nemo = nemo_client_transfer_seconds(url, shape, max(3, repeats // 3))
             rss.append(
                 (name, nbytes, client_peak_rss(url, shape, "ours"), client_peak_rss(url, shape, "nemo"))
             )
         finally:
             server.kill()
-        tcp = statistics.median(raw_tcp_seconds(nbytes, repeats))
-        tcp_fresh = statistics.median(raw_tcp_seconds(nbytes, repeats, fresh=True))
+        tcp = statistics.median(tcp_times)
+        with raw_tcp(nbytes, repeats, fresh=True) as tcp_transfer:
+            tcp_fresh = statistics.median(tcp_transfer() for _ in range(repeats))
         mb = nbytes / 1e6
         wire_rate, tcp_rate = mb / statistics.median(transfers), mb / tcp
         nemo_rate = mb / statistics.median(nemo) if nemo else float("nan")
