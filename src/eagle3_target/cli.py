@@ -58,6 +58,13 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument error is one line that points at --help, not the whole usage (serve's runs 20 lines)."""
+
+    def error(self, message: str):
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, for log collectors."""
 
@@ -111,9 +118,7 @@ def load_command(name: str):
 
 def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object]:
     """The parser, with the arguments of the chosen command only (its module is the one imported)."""
-    parser = argparse.ArgumentParser(
-        prog="eagle3-target", description=DESCRIPTION, formatter_class=HelpFormatter
-    )
+    parser = Parser(prog="eagle3-target", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_logging_options(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(command, "ACCEPTS_OVERRIDES", False):
             args.overrides = unknown
         elif unknown:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+            hint = f"see eagle3-target {chosen} --help"
+            raise CommandError(f"unrecognized arguments: {' '.join(unknown)} ({hint})", Exit.USAGE)
         configure_logging(args.log_level, args.log_format)
         return int(command.run(args))
     except CommandError as exc:
