@@ -4,6 +4,7 @@ through aiohttp's parser, and what a server that hangs up or stalls mid-body doe
 from __future__ import annotations
 
 import asyncio
+import gzip
 
 import aiohttp
 import pytest
@@ -106,5 +107,19 @@ async def test_a_stalled_direct_read_times_out():
         async with aiohttp.ClientSession() as http, http.post(url) as response:
             with pytest.raises(TimeoutError):
                 await body.read_tensors(response, stall_timeout=1.0)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_compressed_body_is_left_to_aiohttp_to_decode():
+    async def handler(request: web.Request) -> web.Response:
+        compressed = gzip.compress(wire.encode(BIG), compresslevel=1)
+        return web.Response(body=compressed, headers={"Content-Encoding": "gzip"})
+
+    runner, url = await _serve(handler)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(url) as response:
+            assert response.content_length >= body.DIRECT_MIN_BYTES  # the compressed size
+            _same(await body.read_tensors(response), BIG)
     finally:
         await runner.cleanup()

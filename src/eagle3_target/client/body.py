@@ -128,7 +128,8 @@ async def read_tensors(
     """A wire-blob body as tensors, each read into its own storage as it arrives (wire.read_blob).
     ``stall_timeout``: seconds a direct socket read may wait for the next bytes."""
     size = response.content_length
-    if size is None:  # no length to bound the allocations by: take the body first
+    encoded = response.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+    if size is None or encoded:  # no length of the blob to bound the allocations by: take the body first
         return wire.decode(await response.read())
     if not _direct(response):
         return await wire.read_blob(_BufferedBody(response), size, pin_memory=pin_memory)
