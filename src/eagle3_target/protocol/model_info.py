@@ -8,12 +8,29 @@ per-server facts (ports, the p2p offer) may differ.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 NEMO_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "aux_layer_ids")
 IDENTITY_KEYS = (*NEMO_KEYS, "dtype", "config_digest")
+
+
+# Config keys that name or place a model rather than define it: two copies of one model digest alike.
+UNDIGESTED_CONFIG_KEYS = ("_name_or_path", "torch_dtype", "dtype")
+
+
+def defining_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Hugging Face config dict (``to_diff_dict()``) without the keys that do not define the model."""
+    return {k: v for k, v in config.items() if k not in UNDIGESTED_CONFIG_KEYS}
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """The short digest /model_info reports, the same on server and client for one config."""
+    blob = json.dumps(defining_config(config), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 class ModelInfoError(ValueError):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import logging
 from typing import Any
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
+from eagle3_target.protocol.model_info import config_digest
 
 from . import cache, data
 from .options import UsageError
@@ -16,15 +15,6 @@ from .progress import Progress
 from .store import CacheStore
 
 log = logging.getLogger("eagle3_target.precompute")
-# The HF runner's config digest leaves out what names or places the model rather than defines it.
-UNDIGESTED = ("_name_or_path", "torch_dtype", "dtype")
-
-
-def config_digest(config) -> str:
-    blob = json.dumps(
-        {k: v for k, v in config.to_diff_dict().items() if k not in UNDIGESTED}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def check_output(store: CacheStore, args: argparse.Namespace) -> set[int]:
@@ -53,7 +43,7 @@ def check_model(info: dict[str, Any], config, args: argparse.Namespace) -> list[
         "vocab_size": config.vocab_size,
     }
     if not args.skip_config_digest and "config_digest" in info:
-        expected["config_digest"] = config_digest(config)
+        expected["config_digest"] = config_digest(config.to_diff_dict())
     if args.aux_layer_ids is not None:
         expected["aux_layer_ids"] = list(args.aux_layer_ids)
     wrong = {k: (v, info.get(k)) for k, v in expected.items() if info.get(k) != v}

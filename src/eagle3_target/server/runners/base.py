@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
-from eagle3_target.protocol.model_info import ModelInfo, default_aux_layer_ids, validate_aux_layer_ids
+from eagle3_target.protocol.model_info import (
+    ModelInfo,
+    config_digest,
+    default_aux_layer_ids,
+    validate_aux_layer_ids,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,8 +55,7 @@ class RunnerInfo:
 
     @property
     def config_digest(self) -> str:
-        blob = json.dumps(self.config, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return config_digest(self.config)
 
     def model_info(self, **per_server) -> ModelInfo:
         """What /model_info reports; ``per_server`` adds facts of this process (its p2p offer, ports)."""

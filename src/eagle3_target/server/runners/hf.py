@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
+from eagle3_target.protocol.model_info import defining_config
 
 from ..options import EMBEDDED_MODEL
 from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
@@ -63,11 +64,7 @@ class HFRunner(FinalHiddenRunner):
             encodings=ENCODINGS if plain_lm_head(model) else EXACT_ENCODINGS,
             dtype=param.dtype,
             device=str(param.device),
-            config={
-                k: v
-                for k, v in config.to_diff_dict().items()
-                if k not in ("_name_or_path", "torch_dtype", "dtype")
-            },
+            config=defining_config(config.to_diff_dict()),
         )
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = [layers[i].register_forward_hook(self._capture(i)) for i in self.info.aux_layer_ids]

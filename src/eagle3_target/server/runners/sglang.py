@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from eagle3_target.protocol.model_info import defining_config
+
 from ..errors import TooLarge
 from .base import RunnerInfo, resolve_dtype
 from .rows import row_lengths, stack_rows
@@ -226,11 +228,7 @@ class SGLangRunner:
             aux_layer_ids=aux_layer_ids,
             dtype=dtype,
             device=str(embedding_weight(model).device),
-            config={
-                k: v
-                for k, v in config.hf_config.to_diff_dict().items()
-                if k not in ("_name_or_path", "torch_dtype", "dtype")
-            },
+            config=defining_config(config.hf_config.to_diff_dict()),
         )
         install_head(sgl, model, self.info.aux_layer_ids, self.info.num_hidden_layers)
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
+from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import OutOfRange, TooLarge
 from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
@@ -210,11 +211,7 @@ class VLLMRunner(FinalHiddenRunner):
             dtype=dtype,
             device=device,
             encodings=ENCODINGS if llm.collective_rpc(plain_head)[0] else EXACT_ENCODINGS,
-            config={
-                k: v
-                for k, v in hf_config.to_diff_dict().items()
-                if k not in ("_name_or_path", "torch_dtype", "dtype")
-            },
+            config=defining_config(hf_config.to_diff_dict()),
         )
         # One token sampled greedily per row: the prefill is what we want, the sample is thrown away.
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
