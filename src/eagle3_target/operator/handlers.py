@@ -162,8 +162,8 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
         body = tracked.body
         meta, spec, previous = body["metadata"], body.get("spec") or {}, dict(body.get("status") or {})
         name, namespace = meta["name"], meta["namespace"]
-        if meta.get("deletionTimestamp"):
-            return  # the garbage collector removes the children
+        if meta.get("deletionTimestamp") or await memo.children.namespace_terminating(namespace):
+            return  # the garbage collector or the namespace controller removes the children
         if LEGACY_FINALIZER in (meta.get("finalizers") or []):
             await memo.children.drop_finalizer(name, namespace, meta["finalizers"], LEGACY_FINALIZER)
         now = time.time()

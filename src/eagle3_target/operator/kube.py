@@ -1,7 +1,7 @@
 """The few writes the operator makes, through kr8s (async, plain dicts): create-or-patch for Services and
-ConfigMaps, create and delete for pods, a target's status, finalizers and Events. A create that finds the
-object already there (409) and a delete that finds it gone (404) are reported, not raised; any other API
-error is raised to the caller."""
+ConfigMaps, create and delete for pods, a target's status, finalizers and Events; and the one read outside its
+watches, whether a namespace is being deleted. A create that finds the object already there (409) and a delete
+that finds it gone (404) are reported, not raised; any other API error is raised to the caller."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import kr8s
 import kr8s.asyncio
-from kr8s.asyncio.objects import ConfigMap, Event, Pod, Service, new_class
+from kr8s.asyncio.objects import ConfigMap, Event, Namespace, Pod, Service, new_class
 
 from . import GROUP, KIND, PLURAL, VERSION
 
@@ -77,6 +77,16 @@ class Children:
         except kr8s.NotFoundError:
             return False
         return True
+
+    async def namespace_terminating(self, namespace: str) -> bool:
+        """Whether `namespace` is being deleted: the API server refuses anything created in it (403). A
+        namespace already gone took its targets with it (their DELETED events follow)."""
+        current = Namespace({"metadata": {"name": namespace}}, api=self.api)
+        try:
+            await current.refresh()
+        except kr8s.NotFoundError:
+            return False
+        return bool(current.raw["metadata"].get("deletionTimestamp"))
 
     async def patch_status(self, name: str, namespace: str, status: dict) -> dict:
         target = Target({"metadata": {"name": name, "namespace": namespace}}, api=self.api)

@@ -20,4 +20,9 @@
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# whether a target's namespace is being deleted (nothing can be created there); a Role in a watched namespace
+# grants get on that namespace itself
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get]
 {{- end }}
