@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from target_support import free_port
 
 from eagle3_target.server.runners.sglang import INSTALL_HINT, NO_GPU
 
@@ -39,7 +40,7 @@ def test_serve_with_the_sglang_engine_exits_at_once_naming_what_is_missing():
         "--host",
         "127.0.0.1",
         "--port",
-        "0",
+        str(free_port()),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     # serve's checks run before the listener and the load: exit 2, one line, the first thing missing.

@@ -67,7 +67,7 @@ def test_load_builds_one_single_process_model_runner(fake_sglang):
 
 
 def test_model_info_describes_the_sglang_target(fake_sglang):
-    info = load().info.model_info()
+    info = load().info.model_info().to_json()
     assert info["engine"] == "sglang" and info["model"] == "org/fake-model"
     shape = (info["num_hidden_layers"], info["hidden_size"], info["vocab_size"])
     assert shape == (fake_sglang.layers, fake_sglang.hidden, fake_sglang.vocab)

@@ -99,7 +99,10 @@ def test_a_second_epoch_and_shared_prefixes_give_the_same_answers(engines):
 
 def test_identity_matches_the_hf_engine(engines):
     vllm_runner, hf_runner = engines
-    assert vllm_runner.info.model_info() == {**hf_runner.info.model_info(), "engine": "vllm"}
+    assert vllm_runner.info.model_info().to_json() == {
+        **hf_runner.info.model_info().to_json(),
+        "engine": "vllm",
+    }
     assert torch.equal(vllm_runner.input_embeddings(), hf_runner.input_embeddings())
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from target_support import free_port
 
 from eagle3_target.server.cli import add_arguments, build_loader
 from eagle3_target.server.runners import load_runner
@@ -27,7 +28,7 @@ def test_server_and_client_import_without_vllm():
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here")
 def test_serve_with_the_vllm_engine_exits_at_once_saying_what_to_install(tmp_path):
     command = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "vllm"]
-    command += ["--model", str(tmp_path), "--host", "127.0.0.1", "--port", "0"]
+    command += ["--model", str(tmp_path), "--host", "127.0.0.1", "--port", str(free_port())]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
