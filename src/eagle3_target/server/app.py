@@ -7,7 +7,6 @@ from middlewares.py alone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import traceback
@@ -24,6 +23,7 @@ from . import middlewares
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .runners import TargetRunner
+from .send import send_body
 from .service import Answer, GenerateRequest, TargetService
 from .sessions import session_id
 
@@ -101,14 +101,14 @@ class TargetServer:
             log.warning("drain timeout: %d requests still in flight are dropped", self.in_flight.count)
 
     async def stream_blob(self, request: web.Request, blob: EncodedBlob, headers=None) -> web.StreamResponse:
-        """Write a wire blob piece by piece from tensor storage: no joined copy of the body."""
+        """Write a wire blob piece by piece from tensor storage: no copy of the body (send.py)."""
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", **(headers or {})})
         response.content_length = blob.nbytes
         try:
             await response.prepare(request)
-            for chunk in blob.chunks():
-                async with asyncio.timeout(self.options.write_timeout):
-                    await response.write(chunk)
+            chunks = blob.chunks()
+            await response.write(next(chunks))  # the blob's magic goes out with the response head
+            await send_body(request.transport, chunks, self.options.write_timeout)
             await response.write_eof()
         except (ConnectionError, TimeoutError) as exc:
             # The client hung up (routine for a trainer that was stopped) or stopped reading
