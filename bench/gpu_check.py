@@ -14,6 +14,9 @@ Measured, with the HF runner in bf16:
   compute phases from its Server-Timing header, the whole round trip with the reply read into
   tensors and turned into supervision on the device, reply bytes per token, tokens/s;
 - the server's overhead over the bare forward: (its compute phases for "nemo") / bare - 1, goal <= 5%;
+  and in steady state: tokens/s of the bare forward over the server's with two "nemo" requests in
+  flight (the host copy and the send of one overlap the next forward), minus 1;
+- the device-to-host copy of a "nemo" reply's size into pageable and into pinned memory (GB/s);
 - peak GPU memory while the server computes a batch;
 - bf16 supervision against a float32 reference (same weights, first sequence of the batch): max
   differences of aux_hidden_states and target_probs, and the share of position_mask that differs.
@@ -60,6 +63,7 @@ SMALL = dict(
     tie_word_embeddings=False,
 )
 ENCODINGS = ("nemo", "logits", "hidden")
+PHASES = ("decode", "forward", "projection", "encode")  # the server's compute, from Server-Timing
 
 
 def build_model(args: argparse.Namespace, dtype) -> LlamaForCausalLM:
@@ -133,18 +137,60 @@ async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: in
                 out = encodings.decode(name, on_device, ids, loss, head_rows)
                 synchronize(device)
                 rounds.append(time.perf_counter() - start)
-                compute.append(sum(timing.get(p, 0.0) for p in ("decode", "forward", "projection", "encode")))
+                compute.append({p: timing.get(p, 0.0) for p in PHASES})
                 if device.startswith("cuda"):
                     peaks.append(torch.cuda.max_memory_allocated())
             nbytes = int(resp.content_length)
+            phases = {p: statistics.median(c[p] for c in compute[1:]) for p in PHASES}
             results[name] = dict(
                 bytes=nbytes,
                 round_trip_s=statistics.median(rounds[1:]),
-                server_compute_s=statistics.median(compute[1:]),
+                server_compute_s=statistics.median(sum(c.values()) for c in compute[1:]),
+                server_phases_s=phases,
                 peak_gpu_bytes=max(peaks) if peaks else None,
             )
             supervision[name] = {k: v.float().cpu() for k, v in out.items()}
+        results["nemo"]["two_in_flight_s"] = await two_in_flight(http, url, request, repeats)
     return results, supervision
+
+
+async def two_in_flight(http: aiohttp.ClientSession, url: str, request: bytes, repeats: int) -> float:
+    """Seconds per "nemo" batch with two requests always in flight (each reply read into tensors)."""
+    from eagle3_target.client.body import read_tensors
+
+    async def one() -> None:
+        async with http.post(f"{url}/generate", data=request) as resp:
+            assert resp.status == 200, await resp.text()
+            await read_tensors(resp)
+
+    async def lane(count: int) -> None:
+        for _ in range(count):
+            await one()
+
+    await asyncio.gather(lane(1), lane(1))  # warm-up
+    count = max(2, repeats)
+    start = time.perf_counter()
+    await asyncio.gather(lane(count), lane(count))
+    return (time.perf_counter() - start) / (2 * count)
+
+
+def host_copy_gbps(nbytes: int, device: str) -> dict | None:
+    """GB/s of one device-to-host copy of ``nbytes`` into pageable and into pinned memory."""
+    if not device.startswith("cuda"):
+        return None
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    speeds = {}
+    for kind, pinned in (("pageable", False), ("pinned", True)):
+        target = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        times = []
+        for _ in range(4):
+            synchronize(device)
+            start = time.perf_counter()
+            target.copy_(source, non_blocking=pinned)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        speeds[kind] = nbytes / statistics.median(times[1:]) / 1e9
+    return speeds
 
 
 def reference_errors(args, model, inputs: dict, vocab: dict, bf16_nemo: dict) -> dict:
@@ -207,6 +253,8 @@ async def check(args: argparse.Namespace) -> dict:
         shape=dict(batch=args.batch, seq=args.seq, layers=args.layers, **model.config.to_diff_dict()),
         bare_forward=dict(seconds=bare, tokens_per_s=tokens / bare),
         server_overhead=wire_results["nemo"]["server_compute_s"] / bare - 1,
+        server_overhead_two_in_flight=wire_results["nemo"]["two_in_flight_s"] / bare - 1,
+        host_copy_gbps=host_copy_gbps(wire_results["nemo"]["bytes"], args.device),
         encodings={
             name: {**r, "bytes_per_token": r["bytes"] / tokens, "tokens_per_s": tokens / r["round_trip_s"]}
             for name, r in wire_results.items()
@@ -226,13 +274,25 @@ def print_table(result: dict) -> None:
     print(f"{'bare forward':28} {bare['seconds']:9.3f} {bare['tokens_per_s']:10.0f}")
     for name, r in result["encodings"].items():
         peak = f"{r['peak_gpu_bytes'] / 1e9:12.2f}" if r["peak_gpu_bytes"] else f"{'-':>12}"
+        phases = ", ".join(f"{p} {s:.3f}" for p, s in r["server_phases_s"].items())
         print(
-            f"{'server compute, ' + name:28} {r['server_compute_s']:9.3f}\n"
+            f"{'server compute, ' + name:28} {r['server_compute_s']:9.3f}   ({phases})\n"
             f"{'round trip, ' + name:28} {r['round_trip_s']:9.3f} {r['tokens_per_s']:10.0f} "
             f"{r['bytes_per_token']:9.0f} {peak}"
         )
+    tokens = result["shape"]["batch"] * result["shape"]["seq"]
+    pipelined = result["encodings"]["nemo"]["two_in_flight_s"]
+    print(f"{'two in flight, nemo':28} {pipelined:9.3f} {tokens / pipelined:10.0f}")
     errors = result["bf16_vs_fp32"]
-    print(f"server overhead over the bare forward: {100 * result['server_overhead']:.1f}% (goal <= 5%)")
+    print(
+        f"server overhead over the bare forward: {100 * result['server_overhead']:.1f}% per request, "
+        f"{100 * result['server_overhead_two_in_flight']:.1f}% with two in flight (goal <= 5%)"
+    )
+    if result["host_copy_gbps"]:
+        copy = result["host_copy_gbps"]
+        print(
+            f"device to host, one nemo reply: pageable {copy['pageable']:.1f} GB/s, pinned {copy['pinned']:.1f} GB/s"
+        )
     print(
         f"logits vs nemo max |diff| {result['logits_vs_nemo_max_abs']:.3g}; hidden vs nemo target_probs "
         f"{result['hidden_vs_nemo_target_probs_max_abs']:.3g}; bf16 vs fp32: aux {errors['aux_max_abs']:.3g} "

@@ -32,8 +32,13 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     assert encodings["hidden"]["bytes"] < encodings["logits"]["bytes"] < encodings["nemo"]["bytes"]
     for numbers in encodings.values():
         assert numbers["tokens_per_s"] > 0 and numbers["server_compute_s"] > 0
+        assert list(numbers["server_phases_s"]) == ["decode", "forward", "projection", "encode"]
+        assert abs(sum(numbers["server_phases_s"].values()) - numbers["server_compute_s"]) < 0.01
         assert numbers["peak_gpu_bytes"] is None  # no GPU here
     assert result["bare_forward"]["tokens_per_s"] > 0
+    assert encodings["nemo"]["two_in_flight_s"] > 0 and result["server_overhead_two_in_flight"] > -1
+    assert result["host_copy_gbps"] is None  # measured on a GPU only
+    assert "two in flight, nemo" in proc.stdout
     assert result["logits_vs_nemo_max_abs"] == 0  # same ops, same device: bit-identical
     assert result["hidden_vs_nemo_target_probs_max_abs"] < 1e-3
     errors = result["bf16_vs_fp32"]
