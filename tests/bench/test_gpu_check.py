@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,7 +22,7 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "server overhead over the bare forward" in proc.stdout
+    assert "server overhead over the bare forward (goal <= 5%): nemo" in proc.stdout
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["shape"]["num_hidden_layers"] == 8
     tokens, hidden, draft = 2 * 32, 64, 128
@@ -34,11 +36,14 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
         assert numbers["tokens_per_s"] > 0 and numbers["server_compute_s"] > 0
         assert list(numbers["server_phases_s"]) == ["decode", "forward", "projection", "encode"]
         assert abs(sum(numbers["server_phases_s"].values()) - numbers["server_compute_s"]) < 0.01
+        assert numbers["two_in_flight_tokens_per_s"] * numbers["two_in_flight_s"] == pytest.approx(tokens)
+        bare = result["bare_forward"]["seconds"]
+        assert numbers["overhead"] == numbers["server_compute_s"] / bare - 1
         assert numbers["peak_gpu_bytes"] is None  # no GPU here
     assert result["bare_forward"]["tokens_per_s"] > 0
-    assert encodings["nemo"]["two_in_flight_s"] > 0 and result["server_overhead_two_in_flight"] > -1
+    assert result["server_overhead"] == encodings["nemo"]["overhead"]
     assert result["host_copy_gbps"] is None  # measured on a GPU only
-    assert "two in flight, nemo" in proc.stdout
+    assert all(f"two in flight, {name}" in proc.stdout for name in encodings)
     assert result["logits_vs_nemo_max_abs"] == 0  # same ops, same device: bit-identical
     assert result["hidden_vs_nemo_target_probs_max_abs"] < 1e-3
     errors = result["bf16_vs_fp32"]

@@ -29,10 +29,14 @@ async def test_a_cuda_target_replies_with_what_its_own_device_computes_read_into
     input_ids = torch.randint(0, vocab_size, (2, 64))
     loss_mask = (torch.arange(64) >= 16).long().expand(2, 64).contiguous()
 
-    device = lambda t: t.to("cuda")  # noqa: E731
-    logits, aux, hidden = runner.forward_hidden(device(input_ids), device(torch.ones_like(input_ids)))
+    on_gpu = {
+        "input_ids": input_ids.cuda(),
+        "loss_mask": loss_mask.cuda(),
+        "vocab": VocabMapping(ids.cuda(), mask.cuda()),
+    }
+    logits, aux, hidden = runner.forward_hidden(on_gpu["input_ids"], torch.ones_like(on_gpu["input_ids"]))
     expected = encodings.encode(
-        encoding, logits, aux, device(input_ids), device(loss_mask), VocabMapping(device(ids), device(mask)), hidden
+        encoding, logits, aux, on_gpu["input_ids"], on_gpu["loss_mask"], on_gpu["vocab"], hidden
     )
     async with serve(lambda: runner) as srv:
         await srv.post("set_vocab_mapping", vocab_body(ids, mask))

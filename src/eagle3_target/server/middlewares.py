@@ -31,7 +31,8 @@ STATUS: dict[type[errors.ServiceError], int] = {
 }
 SESSION_RETRY_AFTER = 30  # seconds a client past --max-sessions is asked to wait
 CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connection first
-CLIENT_CLOSED_KEY = "eagle3_target.client_closed"  # set on a request whose client hung up mid-response
+# Set on a request whose client hung up mid-response.
+CLIENT_CLOSED_KEY = web.RequestKey("eagle3_target.client_closed", bool)
 OPEN_PATHS = {"/" + contract.LIVEZ, "/" + contract.READYZ, "/" + contract.HEALTH, "/" + contract.METRICS}
 
 

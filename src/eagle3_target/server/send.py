@@ -18,8 +18,12 @@ import socket
 from collections.abc import Iterable
 
 
-async def send_body(transport: asyncio.Transport, chunks: Iterable[bytes | memoryview], stall: float) -> None:
+async def send_body(
+    transport: asyncio.Transport | None, chunks: Iterable[bytes | memoryview], stall: float
+) -> None:
     """Send ``chunks`` in order after what the transport already holds; TimeoutError if one stalls."""
+    if transport is None or transport.is_closing():  # the client left while the reply was computed
+        raise ConnectionResetError("the connection closed before the body")
     loop = asyncio.get_running_loop()
     with socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno())) as sock:
         sock.setblocking(False)

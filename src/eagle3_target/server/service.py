@@ -307,6 +307,8 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
         logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask)
     else:
         logits, aux = runner.forward(input_ids, attention_mask)
+    if logits.is_cuda:  # CUDA runs ahead of the host: wait, or the forward's time lands in the projection's
+        torch.cuda.synchronize(logits.device)
     job.timings["forward"] = time.perf_counter() - start
     start = time.perf_counter()
     loss_mask = inputs["loss_mask"].to(device)
