@@ -13,6 +13,10 @@ a fresh buffer per transfer, as a receiver that keeps the data must do). Where
 nemo-automodel is installed, NeMo's own client (requests, reading the body in 10 KiB pieces and
 decoding with copies) is timed against the same server for comparison.
 
+Server loop CPU: user and system time of the server process's main thread, where its event loop
+parses requests and sends replies (the runner computes on other threads), per 100 MB sent in the
+HTTP rounds.
+
 Peak client RSS: a fresh client process warms up on a 16-token reply, then receives one full
 reply and holds its tensors; its VmHWM (reset after the warm-up) minus its RSS before the reply,
 for our client (``read_tensors``) and, where installed, NeMo's.
@@ -92,6 +96,13 @@ def nemo_reply_bytes(shape: dict) -> int:
     dims = shape["batch"], shape["seq"], shape["hidden"], shape["draft"], torch.bfloat16
     want = encodings.expected(encodings.NEMO, *dims)
     return wire.EncodedBlob({k: torch.empty(size, dtype=dtype) for k, (dtype, size) in want.items()}).nbytes
+
+
+def loop_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process's main thread: the server's event loop, which sends."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _serve(port_queue, shape: dict) -> None:
@@ -259,7 +270,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {mp.cpu_count()} CPUs, load average {load}; medians")
     print(
         f"{'shape':6} {'MB/resp':>8} {'raw TCP MB/s':>13} {'HTTP wire MB/s':>15} {'ratio':>6} "
-        f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19}"
+        f"{'end-to-end MB/s':>16} {'NeMo client MB/s':>17} {'ratio':>6} {'raw TCP fresh MB/s':>19} "
+        f"{'server loop CPU ms/100 MB':>26}"
     )
     per_encoding, rss = [], []
     for name in args.shapes:
@@ -271,7 +283,10 @@ def main() -> None:
             url = f"http://127.0.0.1:{ports.get(timeout=120)}"
             names = [encodings.NEMO, *(e for e in args.encoding or [] if e != encodings.NEMO)]
             with raw_tcp(nemo_reply_bytes(shape), repeats + 1) as tcp_transfer:
+                cpu = loop_cpu_seconds(server.pid)
                 measured, tcp_times = asyncio.run(http_generate(url, shape, repeats, names, tcp_transfer))
+                cpu = loop_cpu_seconds(server.pid) - cpu
+            sent = sum(size * len(times) for size, times, _ in measured.values())
             nbytes, rounds, transfers = measured[encodings.NEMO]
             assert nbytes == nemo_reply_bytes(shape)
             nemo = nemo_client_transfer_seconds(url, shape, max(3, repeats // 3))
@@ -289,7 +304,7 @@ def main() -> None:
         print(
             f"{name:6} {mb:8.1f} {tcp_rate:13.0f} {wire_rate:15.0f} {wire_rate / tcp_rate:6.2f} "
             f"{mb / statistics.median(rounds):16.0f} {nemo_rate:17.0f} {nemo_rate / tcp_rate:6.2f} "
-            f"{mb / tcp_fresh:19.0f}"
+            f"{mb / tcp_fresh:19.0f} {1e3 * cpu / (sent / 1e8):26.1f}"
         )
         if args.encoding:
             tokens = shape["batch"] * shape["seq"]

@@ -1,0 +1,29 @@
+"""bench/wire_throughput.py runs end to end at the small shape and prints every column it promises (no speed asserted)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wire_bench_runs_and_reports_each_column():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "wire_throughput.py"), "--shapes", "small", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("shape   MB/resp  raw TCP"))
+    row = next(
+        line for line in lines if line.startswith("small ")
+    )  # the first table's; the RSS table follows
+    assert header.rstrip().endswith("server loop CPU ms/100 MB")
+    name, mb, tcp, wire, ratio, *_, loop_cpu = row.split()
+    assert name == "small" and mb == "23.1"
+    assert float(tcp) > 0 and float(wire) > 0 and float(ratio) > 0
+    assert float(loop_cpu) > 0  # the server's event loop did the sending
