@@ -285,6 +285,9 @@ class ServerProcess:
                     return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
 
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
     def logs(self) -> str:
         if self.log.closed:
             return self.final_logs

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import json
+import os
 import resource
 import socket
 import struct
@@ -66,17 +67,31 @@ async def hang_up(port: int, request: bytes) -> None:
     writer.transport.abort()
 
 
+async def settle_fds(srv, target: int, seconds: float = 10) -> int:
+    """The server's open file descriptors once they are down to ``target`` or have held still for a second."""
+    deadline, last, still = time.monotonic() + seconds, srv.open_fds(), 0
+    while last > target and still < 10 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        now = srv.open_fds()
+        still, last = (still + 1 if now == last else 0), now
+    return last
+
+
 async def test_responses_of_clients_that_hung_up_are_freed_at_once():
     with ServerProcess(BIG, max_batch_tokens=1 << 20) as srv:
         await set_mapping(srv, V)
         baseline = srv.rss_mb()
         request = generate_request(BIG_SEQ)
-        for _ in range(6):
+        for round_ in range(6):
             await asyncio.gather(*(hang_up(srv.port, request) for _ in range(8)))
+            if round_ == 0:  # after the first round: what a served process holds open anyway
+                fds = await settle_fds(srv, 0)
         rss = await settle(srv, baseline + 300)
         assert rss <= baseline + 300, (
             f"RSS {rss:.0f} MB after 48 hung-up 302 MB responses, baseline {baseline:.0f} MB"
         )
+        # Neither the connections nor send.py's duplicates of their sockets stay open.
+        assert await settle_fds(srv, fds) <= fds, os.listdir(f"/proc/{srv.proc.pid}/fd")
         assert await requests_with_code(srv, "generate", "499") == 48
         assert "Traceback" not in srv.logs()
 
