@@ -105,7 +105,7 @@ async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: in
     """Per encoding: reply bytes, server compute phases, round trip into supervision on the device."""
     from eagle3_target.client.body import read_tensors
     from eagle3_target.client.connection import parse_server_timing
-    from eagle3_target.protocol import encodings, wire
+    from eagle3_target.protocol import contract, encodings, wire
 
     device = runner.info.device
     request = wire.encode(inputs)
@@ -127,7 +127,7 @@ async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: in
                     torch.cuda.reset_peak_memory_stats()
                 start = time.perf_counter()
                 async with http.post(
-                    f"{url}/generate", data=request, headers={"X-Eagle3-Encoding": name}
+                    f"{url}/generate", data=request, headers={contract.ENCODING_HEADER: name}
                 ) as resp:
                     assert resp.status == 200, await resp.text()
                     tensors = await read_tensors(resp, pin_memory=device.startswith("cuda"))
@@ -159,9 +159,12 @@ async def two_in_flight(
 ) -> float:
     """Seconds per batch with two requests always in flight (each reply read into tensors)."""
     from eagle3_target.client.body import read_tensors
+    from eagle3_target.protocol import contract
 
     async def one() -> None:
-        async with http.post(f"{url}/generate", data=request, headers={"X-Eagle3-Encoding": name}) as resp:
+        async with http.post(
+            f"{url}/generate", data=request, headers={contract.ENCODING_HEADER: name}
+        ) as resp:
             assert resp.status == 200, await resp.text()
             await read_tensors(resp)
 

@@ -19,9 +19,8 @@ def test_wire_bench_runs_and_reports_each_column():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("shape   MB/resp  raw TCP"))
-    row = next(
-        line for line in lines if line.startswith("small ")
-    )  # the first table's; the RSS table follows
+    # The first table's row; the RSS table's follows.
+    row = next(line for line in lines if line.startswith("small "))
     assert header.rstrip().endswith("server loop CPU ms/100 MB")
     name, mb, tcp, wire, ratio, *_, loop_cpu = row.split()
     assert name == "small" and mb == "23.1"

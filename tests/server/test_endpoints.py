@@ -350,9 +350,17 @@ def test_hf_runner_rejects_bad_aux_layer_ids():
         HFRunner.load(aux_layer_ids=[2, 2, 3])
 
 
-async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving_goes_on(caplog):
+@pytest.mark.parametrize(
+    "forward_delay, read_first",
+    [(0.0, 1 << 16), (1.0, 0)],
+    ids=["mid-response", "while-the-forward-runs"],
+)
+async def test_a_client_that_hangs_up_is_counted_as_499_and_serving_goes_on(
+    caplog, forward_delay, read_first
+):
     caplog.set_level(logging.DEBUG)
-    async with serve(lambda: SyntheticRunner(vocab_size=V, hidden_size=2048)) as srv:
+    runner = lambda: SyntheticRunner(vocab_size=V, hidden_size=2048, forward_delay=forward_delay)  # noqa: E731
+    async with serve(runner) as srv:
         await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))
         big = generate_body(torch.zeros(4, 1024, dtype=torch.long))  # ~50 MB of supervision
         host, port = srv.url.removeprefix("http://").split(":")
@@ -361,7 +369,10 @@ async def test_a_client_that_hangs_up_mid_response_is_counted_as_499_and_serving
             f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big
         )
         await writer.drain()
-        await reader.readexactly(1 << 16)  # the response has started streaming
+        if read_first:
+            await reader.readexactly(read_first)  # the response has started streaming
+        else:
+            await asyncio.sleep(0.3)  # the request is read and the forward runs: no reply yet
         writer.transport.abort()
         async with asyncio.timeout(10):
             while True:

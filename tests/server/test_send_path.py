@@ -4,11 +4,13 @@ import asyncio
 import socket
 from asyncio import selector_events
 
+import pytest
 import torch
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import wire
 from eagle3_target.server.runners.synthetic import SyntheticRunner
+from eagle3_target.server.send import send_body
 
 V = 512
 HEAD = 1 << 10  # the response head and the blob's magic: all that goes through the transport
@@ -78,3 +80,18 @@ async def test_no_byte_of_tensor_storage_passes_through_asyncios_buffer_for_slow
     assert len(slow) > 40e6
     assert 0 < writes.bytes <= 2 * HEAD, writes.bytes  # only the two heads went to the transport
     assert writes.max_buffered <= HEAD, writes.max_buffered
+
+
+async def test_a_connection_gone_before_the_body_is_a_connection_error_not_a_crash():
+    """The handler maps ConnectionError to 499; anything else (a closed fd's EBADF) would be a 500."""
+    accepted = asyncio.get_running_loop().create_future()
+    server = await asyncio.start_server(lambda r, w: accepted.set_result(w), "127.0.0.1", 0)
+    async with server:
+        _, client = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        served = await accepted
+        served.transport.abort()
+        await asyncio.sleep(0)  # the transport lets go of its socket on the next loop turn
+        for transport in (served.transport, None):
+            with pytest.raises(ConnectionResetError):
+                await send_body(transport, [b"body"], stall=1.0)
+        client.close()

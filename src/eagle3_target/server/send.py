@@ -1,8 +1,7 @@
 """Send a response body from tensor storage to the client's socket with no copy in user space.
 
 On Python 3.11, asyncio's selector transport copies into a bytearray of its own every byte that
-send() does not take at once (3.12 keeps a view instead, CPython gh-91166): with a fast reader,
-about 41% of a large reply. So once aiohttp has written the response head, the body goes out
+send() does not take at once (3.12 keeps a view instead, CPython gh-91166). So once aiohttp has written the response head, the body goes out
 through a duplicate of the connection's socket with ``loop.sock_sendall``, which sends from the
 memoryview it is given and waits for writability itself. The duplicate is needed because asyncio
 refuses to watch a file descriptor that a transport owns; both refer to one socket.
