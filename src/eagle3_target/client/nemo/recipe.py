@@ -6,6 +6,10 @@ remote_target:
   wait_timeout: 60  # seconds to let the discovered servers join before NeMo sizes its prefetch
   max_in_flight: 1  # ... and any other client option (PoolOptions fields, nameserver, device)
   seed: 42  # optional: seed torch before setup (NeMo's recipe, and ours without it, keep the caller's seed)
+
+With ``recipe_args.parallel_drafting: true`` (P-EAGLE) the fleet sends what NeMo's co-located target
+computes (peagle.py); ``remote_target.logits_on_trainer: true`` has it send the post-norm hidden state
+and applies the target's lm_head here instead of shipping full-vocabulary logits.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from ..endpoints import EndpointError, default_spec, parse_specs, read_auth_token
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend, split_options
+from .features import open_backend
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 
@@ -64,10 +69,18 @@ class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
                     f"recipe_args.{nemo_key} configures NeMo's own client; "
                     "name the fleet with remote_target.endpoints instead"
                 )
-        cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
+        self.parallel_drafting = bool(cfg.get("recipe_args.parallel_drafting", False))
+        # P-EAGLE: NeMo's gate admits only a co-located target, whose loader is the hook we take over.
+        cfg.set_by_dotted("recipe_args.target_model_backend", "colocated" if self.parallel_drafting else "remote")
         section = cfg.get("remote_target", None)
         settings = section.to_dict() if section is not None else {}
         self.seed = seed_setting(settings.pop("seed", None))
+        self.logits_on_trainer = bool(settings.pop("logits_on_trainer", False))
+        if self.logits_on_trainer and not self.parallel_drafting:
+            raise ValueError(
+                "remote_target.logits_on_trainer applies to P-EAGLE (parallel_drafting: true); "
+                "EAGLE-3 takes draft-vocabulary supervision (remote_target.encoding)"
+            )
         self.remote_target = backend_settings(settings)
         super().__init__(cfg)
 
@@ -84,4 +97,24 @@ class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
         self.target_wrapper = NeMoTargetBackend(device=self.device, **kwargs)
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
+        self.target_wrapper.wait_for_servers(wait_timeout)
+
+    def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
+        # Reached only for P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
+        from .peagle import RemotePEagleTarget
+
+        for axis in ("cp_size", "tp_size"):
+            if int(self.cfg.get(f"distributed.{axis}", 1) or 1) > 1:
+                raise ValueError(f"distributed.{axis} shards a co-located target; the fleet runs it whole")
+        target_module = nemo_module("components.speculative.eagle.target")
+        layers = recipe_cfg.get("aux_layer_ids", None)
+        depth = draft_base_config.num_hidden_layers
+        layers = target_module.validate_eagle3_aux_layer_ids(
+            layers if layers is not None else target_module.default_eagle3_aux_layer_ids(depth), depth
+        )
+        kwargs, wait_timeout = self.remote_target
+        request = RemotePEagleTarget.request(aux_layer_ids=layers, logits_on_trainer=self.logits_on_trainer)
+        remote = open_backend(request, self.device, kwargs)
+        self.target_model = None
+        self.target_wrapper = RemotePEagleTarget(remote, self.device, logits_on_trainer=self.logits_on_trainer)
         self.target_wrapper.wait_for_servers(wait_timeout)
