@@ -110,9 +110,13 @@ class FeatureTarget:
 
     @torch.no_grad()
     def generate_batch(self, input_ids, attention_mask, loss_mask, **packing):
-        if self._ahead and torch.equal(self._ahead[0][0], input_ids.cpu()):
-            return self._ahead.popleft()[1].result()
-        self.drop_prefetched()  # the loop went another way: what was fetched ahead is stale
+        ids = input_ids.cpu()
+        for i, (ahead_ids, _) in enumerate(self._ahead):
+            if torch.equal(ahead_ids, ids):
+                for _ in range(i):  # batches the loop skipped (an epoch cut short): never asked for again
+                    self._ahead.popleft()[1].cancel()
+                return self._ahead.popleft()[1].result()
+        # Not fetched ahead (validation, or a loop without the prefetching loader): fetch it now.
         return self.generate_batch_async(input_ids, attention_mask, loss_mask, **packing).result()
 
     def prefetch(self, batch: dict[str, torch.Tensor]) -> None:
@@ -154,7 +158,7 @@ class FeatureTarget:
 
 
 class PrefetchingLoader:
-    """A dataloader that keeps up to ``depth`` batches' captures in flight ahead of the training loop."""
+    """A dataloader that keeps up to ``depth`` batches' captures in flight (0 or 1: fetched one by one)."""
 
     def __init__(self, loader, target: FeatureTarget, depth: int):
         self.loader = loader
@@ -172,7 +176,7 @@ class PrefetchingLoader:
         for batch in self.loader:
             self.target.prefetch(batch)
             waiting.append(batch)
-            if len(waiting) > self.depth:
+            if len(waiting) >= max(1, self.depth):
                 yield waiting.popleft()
         while waiting:
             yield waiting.popleft()
