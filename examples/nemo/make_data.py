@@ -1,7 +1,8 @@
 """Writes what examples/nemo/recipe.yaml trains on, into the current directory (nothing is downloaded):
 
     target/               a tiny random Llama (the server's embedded one, its head sharpened so the target's
-                          distributions are peaked) with a word-level tokenizer and a chat template
+                          distributions are peaked; with --architecture qwen3 a Qwen3 of the same shape, for
+                          examples/nemo/dflash.yaml) with a word-level tokenizer and a chat template
     conversations.jsonl   OpenAI-style `messages` rows whose answers follow a pattern a draft can learn
 
 Then, from the same directory (docs/nemo.md):

@@ -151,17 +151,24 @@ def saved_draft(checkpoints: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def train(recipe, family: Family, checkpoints: Path) -> Run:
-    """Seed, setup(), train; the losses as the trainer module returns them, the draft as the checkpoint has it."""
+def train(
+    recipe, family: Family, checkpoints: Path, on_micro_batch: Callable[[int], None] | None = None
+) -> Run:
+    """Seed, setup(), train; the losses as the trainer module returns them, the draft as the checkpoint has it.
+    ``on_micro_batch(n)`` runs after the n-th micro-batch's forward (a test kills a server there)."""
     torch.manual_seed(SEED)
     recipe.setup()
     if family.after_setup is not None:
         family.after_setup(recipe)
     initial = {k: v.detach().clone() for k, v in recipe.draft_model.state_dict().items()}
     losses: list[torch.Tensor] = []
-    hook = recipe.trainer_module.register_forward_hook(
-        lambda _m, _i, out: losses.append(out.loss.detach().float().clone())
-    )
+
+    def record(_module, _inputs, out) -> None:
+        losses.append(out.loss.detach().float().clone())
+        if on_micro_batch is not None:
+            on_micro_batch(len(losses))
+
+    hook = recipe.trainer_module.register_forward_hook(record)
     try:
         recipe.run_train_validation_loop()
     finally:
@@ -179,12 +186,25 @@ def run_colocated(family: Family, target: Target, out: Path) -> Run:
         return train(family.nemo_class()(cfg), family, out / "checkpoints")
 
 
-def run_remote(family: Family, target: Target, endpoints: list[str], out: Path, **remote_target) -> Run:
+def run_remote(
+    family: Family,
+    target: Target,
+    endpoints: list[str],
+    out: Path,
+    on_micro_batch: Callable[[int], None] | None = None,
+    **remote_target,
+) -> Run:
     """Our subclass of the same recipe, from the same YAML plus a remote_target section; the trainer's target
     folder holds no weights."""
     section = {"endpoints": ",".join(endpoints), "wait_timeout": 60, **remote_target}
     path = recipe_yaml(family, target.config_only, target.chats, out, remote_target=section)
-    run = train(family.our_class()(load_config(path)), family, out / "checkpoints")
+    recipe = family.our_class()(load_config(path))
+    try:
+        run = train(recipe, family, out / "checkpoints", on_micro_batch)
+    finally:
+        close = getattr(getattr(recipe, "target_wrapper", None), "close", None)
+        if close is not None:
+            close()
     assert not weight_files(target.config_only), "the trainer must not need the target's weights"
     return run
 

@@ -151,6 +151,12 @@ class RemoteDFlashRecipe(RemoteTargetSection):
         prefetched = PrefetchedBatches(backend, self.recipe_settings.get("prefetch_depth"))
         return RemoteDFlashTarget(backend, target_layer_ids, prefetched)
 
+    def run_train_validation_loop(self):
+        try:
+            super().run_train_validation_loop()
+        finally:
+            self.target_wrapper.close()  # ends our sessions on the servers, as NeMo's EAGLE-3 recipe does
+
     def setup(self):
         super().setup()
         # NeMo's loop asks for each batch's target features as it reaches it; the loader below submits
