@@ -20,7 +20,7 @@ from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_H
 from ..backend import RemoteTargetBackend
 from ._imports import nemo_module
 from .backend import split_options
-from .prefetch import PrefetchedBatches
+from .prefetch import PrefetchedBatches, depth_setting
 from .remote import RemoteTargetSection
 
 _target = nemo_module("components.speculative.dflash.target")
@@ -112,17 +112,21 @@ class RemoteDFlashRecipe(RemoteTargetSection):
         )
         return RemoteTargetModel(config)
 
+    def __init__(self, cfg):
+        for axis in ("tp_size", "cp_size", "pp_size", "ep_size"):
+            if int(cfg.get(f"distributed.{axis}", 1) or 1) > 1:
+                raise ValueError(
+                    f"distributed.{axis}>1 shards a co-located target; with remote_target the fleet holds the "
+                    "target, so the trainer takes only data parallelism (leave it at 1)"
+                )
+        super().__init__(cfg)
+        self.prefetch_depth = depth_setting(self.recipe_settings.get("prefetch_depth"))
+
     def _setup_draft_meshes(self) -> None:
         """NeMo's meshes for the draft's data parallelism; the fleet, not the trainer, shards the target."""
         self.dist_setup = self.device_mesh = self.dp_mesh = self.cp_mesh = None
         if self.cfg.get("distributed", None) is None:
             return
-        for axis in ("tp_size", "cp_size", "pp_size", "ep_size"):
-            if int(self.cfg.get(f"distributed.{axis}", 1) or 1) > 1:
-                raise ValueError(
-                    f"distributed.{axis}>1 shards a co-located target; with remote_target the fleet holds the "
-                    "target, so the trainer takes only data parallelism (leave it at 1)"
-                )
         self.dist_setup = _dist_utils.create_distributed_setup_from_config(
             self.cfg, world_size=self.dist_env.world_size
         )
@@ -148,7 +152,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
         except BaseException:
             backend.close()
             raise
-        prefetched = PrefetchedBatches(backend, self.recipe_settings.get("prefetch_depth"))
+        prefetched = PrefetchedBatches(backend, self.prefetch_depth)
         return RemoteDFlashTarget(backend, target_layer_ids, prefetched)
 
     def run_train_validation_loop(self):

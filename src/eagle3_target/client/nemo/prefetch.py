@@ -20,6 +20,12 @@ def packing(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
     return {"position_ids": batch["position_ids"], "seq_lens": batch["seq_lens"]}
 
 
+def depth_setting(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"remote_target.prefetch_depth={value!r}: a positive integer, or leave it out")
+    return value
+
+
 class PrefetchedBatches:
     """Requests in flight for batches the loop has not reached yet, oldest first.
 
@@ -27,9 +33,7 @@ class PrefetchedBatches:
     the healthy servers take at once (servers x max_in_flight), as NeMo caps EAGLE-3's prefetch.
     """
 
-    def __init__(self, backend: RemoteTargetBackend, depth: Any = None):
-        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
-            raise ValueError(f"remote_target.prefetch_depth={depth!r}: a positive integer, or leave it out")
+    def __init__(self, backend: RemoteTargetBackend, depth: int | None = None):
         self.backend = backend
         self.depth = depth
         self._waiting: collections.deque = collections.deque()  # (input_ids on the CPU, handle)
