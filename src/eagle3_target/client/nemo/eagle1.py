@@ -3,9 +3,10 @@
 NeMo's co-located HFEagleTargetModel gives the trainer the post-norm hidden state [B,S,H] and it shifted
 left, the full-vocabulary logits shifted left, and the shifted input_ids / loss_mask; the trainer applies
 the target's lm_head to the draft's output every step. The fleet sends the post-norm hidden state and
-the full logits (or, with ``remote_target.logits_on_trainer: true``, only the hidden state: the trainer
-holds the lm_head anyway and computes the logits with the same matmul); the lm_head and the embeddings
-are fetched once.
+the full logits (with ``remote_target.logits_on_trainer: true`` only the hidden state: the trainer holds
+the lm_head anyway and computes the logits with the same matmul); lm_head and embeddings come once.
+YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py) with ``prefetch_depth`` and
+``logits_on_trainer``.
 """
 
 from __future__ import annotations
@@ -14,31 +15,31 @@ from typing import Any
 
 import torch
 
+from eagle3_target.protocol.families import family
+from eagle3_target.protocol.features import Features
+
 from ._imports import nemo_module
-from .features import FeatureTarget, PrefetchingLoader, open_backend, shift_left
-from .remote_section import RemoteSection
+from .features import FeatureTarget, open_backend, shift_left
+from .prefetch import depth_setting
+from .remote import RemoteTargetSection
 from .takeover import fleet_target
 
-_nemo_eagle1 = nemo_module("recipes.llm.train_eagle1")
-_nemo_eagle2 = nemo_module("recipes.llm.train_eagle2")
-EagleTargetBatch = nemo_module("components.speculative.eagle.target_v12").EagleTargetBatch
+_eagle1 = nemo_module("recipes.llm.train_eagle1")
+_eagle2 = nemo_module("recipes.llm.train_eagle2")
+_target = nemo_module("components.speculative.eagle.target_v12")
 
 
 class RemoteEagleTarget(FeatureTarget):
     """Duck-typed as NeMo's HFEagleTargetModel."""
 
-    def __init__(self, remote, device: torch.device, *, logits_on_trainer: bool = False):
-        super().__init__(remote, device)
+    def __init__(self, backend, device: torch.device, prefetch_depth=None, *, logits_on_trainer=False):
+        super().__init__(backend, device, prefetch_depth)
         self.logits_on_trainer = logits_on_trainer
 
-    @staticmethod
-    def request(*, logits_on_trainer: bool = False) -> dict[str, Any]:
-        return dict(final_hidden=True, logits="none" if logits_on_trainer else "full")
-
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]):
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
         hidden = captured["final_hidden"]
         logits = self.get_lm_head()(hidden) if self.logits_on_trainer else captured["logits"]
-        return EagleTargetBatch(
+        return _target.EagleTargetBatch(
             input_hidden_states=hidden,
             target_hidden_states=shift_left(hidden),
             target_logits=shift_left(logits),
@@ -51,34 +52,47 @@ class RemoteEagleTarget(FeatureTarget):
         )
 
 
-class TrainEagle1Recipe(_nemo_eagle1.TrainEagle1Recipe):
-    """NeMo's EAGLE-1 recipe, unchanged but for where the target runs: the eagle3-target fleet.
+class RemoteEagle1Recipe(RemoteTargetSection):
+    """Mixed in before NeMo's EAGLE-1 or EAGLE-2 recipe: the target is the fleet."""
 
-    ``remote_target:`` as for TrainEagle3Recipe, plus ``logits_on_trainer`` and ``prefetch_depth``
-    (batches captured ahead of the training step; default: one per healthy server).
-    """
+    recipe_keys = ("prefetch_depth", "logits_on_trainer")
 
     def __init__(self, cfg):
-        self.remote = RemoteSection.from_config(cfg, family_options=("logits_on_trainer", "prefetch_depth"))
+        if int(cfg.get("distributed.tp_size", 1) or 1) > 1:
+            raise ValueError("distributed.tp_size>1 shards a co-located target; the fleet runs it whole")
         super().__init__(cfg)
+        self.prefetch_depth = depth_setting(self.recipe_settings.get("prefetch_depth"))
+        self.logits_on_trainer = self.recipe_settings.get("logits_on_trainer", False)
+        if not isinstance(self.logits_on_trainer, bool):
+            raise ValueError(f"remote_target.logits_on_trainer={self.logits_on_trainer!r}: true or false")
 
     def setup(self):
-        self.remote.seed_torch()
-        with fleet_target(_nemo_eagle1, "HFEagleTargetModel", self._fleet_wrapper):
+        with fleet_target(_eagle1, "HFEagleTargetModel", self._fleet_wrapper):
             super().setup()
-        self.train_dataloader = PrefetchingLoader(
-            self.train_dataloader, self.target_wrapper, self.remote.prefetch_depth(self.target_wrapper)
-        )
+        # NeMo's loop asks for each batch's features as it reaches it: submit the next ones ahead.
+        self.train_dataloader = self.target_wrapper.prefetched.wrap(self.train_dataloader)
 
     def _fleet_wrapper(self, _config_only_target) -> RemoteEagleTarget:
-        logits_on_trainer = bool(self.remote.family.get("logits_on_trainer", False))
-        remote = open_backend(
-            RemoteEagleTarget.request(logits_on_trainer=logits_on_trainer), self.device, self.remote.backend
+        features = (
+            Features(final_hidden=True)
+            if self.logits_on_trainer
+            else family(type(self).__name__).features(())
         )
-        target = RemoteEagleTarget(remote, self.device, logits_on_trainer=logits_on_trainer)
-        target.wait_for_servers(self.remote.wait_timeout)
-        return target
+        backend = open_backend(features, self.device, self.remote_target)
+        return RemoteEagleTarget(
+            backend, self.device, self.prefetch_depth, logits_on_trainer=self.logits_on_trainer
+        )
+
+    def run_train_validation_loop(self):
+        try:
+            super().run_train_validation_loop()
+        finally:
+            self.target_wrapper.close()  # ends our sessions on the servers
 
 
-class TrainEagle2Recipe(TrainEagle1Recipe, _nemo_eagle2.TrainEagle2Recipe):
-    """NeMo's EAGLE-2 recipe (EAGLE-1's training, another tree policy at inference) on the fleet."""
+class TrainEagle1Recipe(RemoteEagle1Recipe, _eagle1.TrainEagle1Recipe):
+    """NeMo's TrainEagle1Recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+
+
+class TrainEagle2Recipe(RemoteEagle1Recipe, _eagle2.TrainEagle2Recipe):
+    """NeMo's TrainEagle2Recipe (EAGLE-1's training, EAGLE-2's tree at inference) on the fleet."""

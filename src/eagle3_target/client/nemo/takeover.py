@@ -1,8 +1,8 @@
-"""Where NeMo's recipes without a remote path load their target: swapped for the fleet during setup().
+"""Where NeMo's recipes without a remote path or a target hook load their target, swapped during setup().
 
-TrainEagle1Recipe and TrainDSparkRecipe load the target and wrap it inside one setup() method, with no
-hook to override: for the length of setup() their module's loader gives a config-only stand-in (the
-trainer reads the target's config, never its weights) and their target-wrapper class gives ours.
+TrainEagle1Recipe and TrainDSparkRecipe load and wrap the target inside one setup() method: while it runs,
+their module's NeMoAutoModelForCausalLM gives a config-only stand-in (the trainer reads the target's
+config, never its weights) and their target-wrapper class gives ours.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ class ConfigOnlyTarget:
         return self
 
     def requires_grad_(self, _flag: bool = True) -> ConfigOnlyTarget:
-        return self
-
-    def eval(self) -> ConfigOnlyTarget:
         return self
 
 
