@@ -7,6 +7,7 @@ mask (peagle_cpu.py, never in the product)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -33,10 +34,11 @@ from .exactness import (
 PEAGLE = Family(
     "TrainEagle3Recipe",
     "nemo_automodel.recipes.llm.train_eagle3",
-    # NeMo's prefetch, capped at the two servers: the fleet gets two batches at once.
-    dict(
-        parallel_drafting=True, mask_token_id=0, num_depths=3, draft_vocab_size=128, target_prefetch_depth=2
-    ),
+    dict(parallel_drafting=True, mask_token_id=0, num_depths=3, draft_vocab_size=128),
+)
+# NeMo's own prefetch (which it allows a remote target only), capped at the two servers.
+PEAGLE_PREFETCHED = dataclasses.replace(
+    PEAGLE, recipe_args={**PEAGLE.recipe_args, "target_prefetch_depth": 2}
 )
 EAGLE1 = Family("TrainEagle1Recipe", "nemo_automodel.recipes.llm.train_eagle1")
 EAGLE2 = Family(
@@ -91,7 +93,8 @@ def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
     before = [s.generated() for s in fleet]
     monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
     extra = {"logits_on_trainer": True} if logits_on_trainer else {}
-    ours = run_remote(FAMILIES[recipe], target, [s.url for s in fleet], tmp_path, **extra)
+    family = PEAGLE_PREFETCHED if recipe == PEAGLE.recipe else FAMILIES[recipe]
+    ours = run_remote(family, target, [s.url for s in fleet], tmp_path, **extra)
     assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
     assert_exact(ours, references(recipe))
 
@@ -126,7 +129,7 @@ def test_token_auth_and_a_server_sigkilled_mid_run_change_nothing(target, refere
 
 def test_train_draft_trains_p_eagle_from_nemos_yaml_exactly(target, fleet, references, tmp_path, monkeypatch):
     """No recipe: key is EAGLE-3's recipe, and parallel_drafting in its YAML makes it P-EAGLE."""
-    path = recipe_yaml(PEAGLE, target.config_only, target.chats, tmp_path)
+    path = recipe_yaml(PEAGLE_PREFETCHED, target.config_only, target.chats, tmp_path)
     monkeypatch.setenv("EAGLE3_TARGET_SERVICE", ",".join(s.url for s in fleet))
     monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
     done = subprocess.run(
