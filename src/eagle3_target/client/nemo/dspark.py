@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from eagle3_target.protocol.families import family
 
 from ._imports import nemo_module
-from .features import FeatureTarget, open_backend
+from .features import FeatureTarget, dspark_context, dspark_layers, open_backend
 from .prefetch import depth_setting
 from .remote import RemoteTargetSection
 from .takeover import fleet_target
@@ -41,25 +41,12 @@ class RemoteDSparkTarget(FeatureTarget):
     def __init__(self, backend, device: torch.device, prefetch_depth, *, target_layer_ids, num_layers: int):
         super().__init__(backend, device, prefetch_depth)
         self.target_layer_ids = list(target_layer_ids)
-        self.last = num_layers - 1
-
-    @staticmethod
-    def fleet_layers(target_layer_ids: list[int], num_layers: int) -> tuple[int, ...]:
-        """The layers to capture: the last one's feature is the post-norm state, sent once as final_hidden."""
-        return tuple(i for i in target_layer_ids if i != num_layers - 1)
+        self.num_layers = num_layers
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
-        final = captured["final_hidden"]
-        width, start, pieces = final.shape[-1], 0, []
-        for layer_id in self.target_layer_ids:
-            if layer_id == self.last:
-                pieces.append(final)
-            else:
-                pieces.append(captured["hidden_states"][..., start : start + width])
-                start += width
         return _target.DSparkTargetBatch(
-            target_hidden_states=torch.cat(pieces, dim=-1),
-            target_last_hidden_states=final,
+            target_hidden_states=dspark_context(captured, self.target_layer_ids, self.num_layers),
+            target_last_hidden_states=captured["final_hidden"],
             input_ids=inputs["input_ids"],
             loss_mask=inputs["loss_mask"],
             position_ids=inputs.get("position_ids"),
@@ -108,9 +95,7 @@ class TrainDSparkRecipe(RemoteTargetSection, _dspark.TrainDSparkRecipe):
         config = config_only.config
         num_layers = int((getattr(config, "text_config", None) or config).num_hidden_layers)
         layer_ids = _common.validate_target_layer_ids(list(target_layer_ids), num_layers)
-        features = family("TrainDSparkRecipe").features(
-            RemoteDSparkTarget.fleet_layers(layer_ids, num_layers)
-        )
+        features = family("TrainDSparkRecipe").features(dspark_layers(layer_ids, num_layers))
         backend = open_backend(features, self.device, self.remote_target)
         return RemoteDSparkTarget(
             backend, self.device, self.prefetch_depth, target_layer_ids=layer_ids, num_layers=num_layers
