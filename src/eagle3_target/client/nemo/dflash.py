@@ -93,7 +93,11 @@ def frozen_weights(backend: RemoteTargetBackend, model: RemoteTargetModel, devic
     embed = backend.target_weight(WEIGHT_INPUT_EMBEDDINGS).to(device)
     head = backend.target_weight(WEIGHT_LM_HEAD).to(device)
     model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
-    model.lm_head = torch.nn.Linear(head.shape[1], head.shape[0], bias=False, device=device, dtype=head.dtype)
+    # skip_init: a Linear's own init would draw from torch's global RNG, which NeMo's recipe draws the draft's
+    # initial weights from next; the co-located recipe draws nothing here.
+    model.lm_head = torch.nn.utils.skip_init(
+        torch.nn.Linear, head.shape[1], head.shape[0], bias=False, device=device, dtype=head.dtype
+    )
     with torch.no_grad():
         model.lm_head.weight.copy_(head)
     model.requires_grad_(False)
