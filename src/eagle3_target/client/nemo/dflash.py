@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from eagle3_target.protocol.families import Family, family
+from eagle3_target.protocol.families import Family, by_recipe
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
 from ..backend import RemoteTargetBackend
@@ -137,6 +137,9 @@ class RemoteDFlashRecipe(RemoteTargetSection):
         self.device_mesh = self.dist_setup.mesh_context.device_mesh
         self.dp_mesh = _dflash._submesh_or_none(self.device_mesh, "dp")
 
+    def num_target_layers(self) -> int:
+        return int(_target.resolve_text_config(self.target_model.config.get_text_config()).num_hidden_layers)
+
     def _build_target_wrapper(self, target_layer_ids: list[int]) -> RemoteDFlashTarget:
         kwargs, wait_timeout = self.remote_target
         options: dict[str, Any] = dict(kwargs)
@@ -147,7 +150,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             endpoints,
             auth_token=token,
             options=pool,
-            features=self.family.features(target_layer_ids),
+            features=self.family.ask(target_layer_ids, self.num_target_layers()),
             **backend_kwargs,
         )
         try:
@@ -175,22 +178,22 @@ class RemoteDFlashRecipe(RemoteTargetSection):
 class TrainDFlashRecipe(RemoteDFlashRecipe, _dflash.TrainDFlashRecipe):
     """NeMo's TrainDFlashRecipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    family = family("TrainDFlashRecipe")
+    family = by_recipe("TrainDFlashRecipe")
 
 
 class TrainJetSpecRecipe(RemoteDFlashRecipe, _jetspec.TrainJetSpecRecipe):
     """NeMo's TrainJetSpecRecipe on the fleet, which sends the full-vocabulary logits too."""
 
-    family = family("TrainJetSpecRecipe")
+    family = by_recipe("TrainJetSpecRecipe")
 
 
 class TrainDominoRecipe(RemoteDFlashRecipe, _domino.TrainDominoRecipe):
     """NeMo's TrainDominoRecipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    family = family("TrainDominoRecipe")
+    family = by_recipe("TrainDominoRecipe")
 
 
 class TrainDFlash2Recipe(RemoteDFlashRecipe, _dflash2.TrainDFlash2Recipe):
     """NeMo's TrainDFlash2Recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    family = family("TrainDFlash2Recipe")
+    family = by_recipe("TrainDFlash2Recipe")
