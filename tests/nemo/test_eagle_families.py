@@ -83,16 +83,16 @@ def no_synchronous_capture(*_args, **_kwargs):
     raise AssertionError("a training batch's features were asked for when the loop reached it, not ahead")
 
 
-@pytest.mark.parametrize("logits_on_trainer", [False, True])
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("recipe", sorted(FAMILIES))
 def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
-    recipe, logits_on_trainer, target, fleet, references, tmp_path, monkeypatch
+    recipe, compact, target, fleet, references, tmp_path, monkeypatch
 ):
-    if recipe == "TrainEagle2Recipe" and logits_on_trainer:
-        pytest.skip("EAGLE-2 is EAGLE-1's class: its logits_on_trainer run is EAGLE-1's")
+    if recipe == "TrainEagle2Recipe" and compact:
+        pytest.skip("EAGLE-2 is EAGLE-1's class: its compact run is EAGLE-1's")
     before = [s.generated() for s in fleet]
     monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
-    extra = {"logits_on_trainer": True} if logits_on_trainer else {}
+    extra = {"compact": True} if compact else {}
     family = PEAGLE_PREFETCHED if recipe == PEAGLE.recipe else FAMILIES[recipe]
     ours = run_remote(family, target, [s.url for s in fleet], tmp_path, **extra)
     assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"

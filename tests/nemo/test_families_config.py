@@ -32,20 +32,23 @@ def test_each_family_recipe_is_exported_as_a_subclass_of_nemos_own(recipe):
     assert issubclass(getattr(ours, recipe), nemo) and getattr(ours, recipe).__name__ == recipe
 
 
+EXAMPLE_LAYERS, EXAMPLE_DEPTH = (1, 4, 7), 8  # the docs table shows each request for these
+
+
 def table_row(found) -> str:
     cells = [
-        f"`{found.recipe}`",
-        found.layers,
-        found.logits,
-        "yes" if found.shift else "no",
+        found.name,
+        ", ".join(f"`{r}`" for r in found.recipes),
+        f"`{found.ask(EXAMPLE_LAYERS, EXAMPLE_DEPTH).to_header()}`",
         ", ".join(found.weights),
-        "yes" if found.exact else "no",
+        "-" if found.compact is None else f"`{found.compact(EXAMPLE_LAYERS, EXAMPLE_DEPTH).to_header()}`",
+        f"`{found.adapter_module}.py`",
     ]
     return "| " + " | ".join(cells) + " |"
 
 
 def test_the_docs_family_table_is_the_codes():
-    rows = [line for line in DOC.read_text().splitlines() if re.match(r"\| `Train\w+Recipe` \|", line)]
+    rows = [line for line in DOC.read_text().splitlines() if re.match(r"\| \w+ \| `", line)]
     assert rows == [table_row(families()[name]) for name in sorted(families())]
 
 
@@ -71,6 +74,8 @@ def test_the_docs_dflash_recipe_is_one_the_remote_recipe_accepts(monkeypatch, tm
         ("--recipe=TrainVispecRecipe", "recipe: TrainVispecRecipe is not a recipe the fleet trains"),
         ("--distributed.tp_size=2", "distributed.tp_size>1 shards a co-located target"),
         ("--remote_target.prefetch_depth=0", "remote_target.prefetch_depth=0: a positive integer"),
+        ("--remote_target.compact=true", "TrainDFlashRecipe has no compact request"),
+        ("--remote_target.compact=3", "remote_target.compact=3: true or false"),
     ],
 )
 def test_train_draft_refuses_a_bad_family_config_in_one_line(override, message, tmp_path, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_target.protocol.families import DEFAULT_RECIPE, families, family, recipe_name
+from eagle3_target.protocol.families import DEFAULT_RECIPE, by_recipe, recipe_families, recipe_name
 from eagle3_target.protocol.features import LOGITS_FULL, LOGITS_NONE
 
 DFLASH_FAMILY = ("TrainDFlashRecipe", "TrainJetSpecRecipe", "TrainDominoRecipe", "TrainDFlash2Recipe")
@@ -31,17 +31,19 @@ def test_a_recipe_key_that_names_no_class_is_refused(value):
 
 def test_an_unknown_recipe_names_the_ones_there_are():
     with pytest.raises(ValueError) as refused:
-        family("TrainVispecRecipe")
+        by_recipe("TrainVispecRecipe")
     assert "TrainVispecRecipe is not a recipe the fleet trains" in str(refused.value)
     for known in (DEFAULT_RECIPE, *DFLASH_FAMILY):
         assert known in str(refused.value)
+    assert "parallel_drafting" not in str(refused.value)  # a mode of TrainEagle3Recipe, not a class
 
 
 def test_the_dflash_family_asks_for_unshifted_layers_and_jetspec_for_full_logits_too():
+    assert recipe_families()[DEFAULT_RECIPE].name == "eagle3"
     for name in DFLASH_FAMILY:
-        found = families()[name]
-        assert found.adapter == "dflash" and found.exact
-        features = found.features([1, 4, 7])
+        found = by_recipe(name)
+        assert found.adapter_module == "dflash"
+        features = found.ask([1, 4, 7], 8)
         assert features.layers == (1, 4, 7) and not features.shift and not features.final_hidden
         assert features.logits == (LOGITS_FULL if name == "TrainJetSpecRecipe" else LOGITS_NONE)
         assert found.weights == ("input_embeddings", "lm_head")

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     import yaml  # NeMo's own YAML library
 
-    from eagle3_target.protocol.families import family, recipe_name
+    from eagle3_target.protocol.families import recipe_name
 
     from .endpoints import EndpointError
 
@@ -71,15 +71,10 @@ def run(args: argparse.Namespace) -> int:
     bad_input = (EndpointError, ValueError, yaml.YAMLError)
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
-        name = family(recipe_name(plain(cfg.get("recipe", None)))).recipe
-    except bad_input as exc:
-        raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
-    try:
-        recipe_class = getattr(nemo, name)
-    except ImportError as exc:
-        raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
-    try:
+        recipe_class = nemo.recipe_class(recipe_name(plain(cfg.get("recipe", None))))
         recipe = recipe_class(cfg)
+    except ImportError as exc:  # NeMo without the recipe's dependencies
+        raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     except bad_input as exc:
         raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
     recipe.setup()

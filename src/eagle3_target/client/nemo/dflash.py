@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from eagle3_target.protocol.families import Family, family
+from eagle3_target.protocol.families import Family, by_recipe
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
 from ..backend import RemoteTargetBackend
@@ -52,11 +52,16 @@ class RemoteDFlashTarget:
     """NeMo's HFDFlashTargetModel as the recipe calls it, with the forward on the fleet."""
 
     def __init__(
-        self, backend: RemoteTargetBackend, target_layer_ids: list[int], prefetched: PrefetchedBatches
+        self,
+        backend: RemoteTargetBackend,
+        target_layer_ids: list[int],
+        prefetched: PrefetchedBatches,
+        lm_head: torch.nn.Module | None = None,
     ):
         self.backend = backend
         self.target_layer_ids = list(target_layer_ids)  # NeMo saves them in dflash_meta.pt
         self.prefetched = prefetched
+        self.lm_head = lm_head  # set for the compact request: the logits from the final hidden state, here
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
         return self.backend.get_input_embeddings()
@@ -72,6 +77,9 @@ class RemoteDFlashTarget:
         doc_remaining: torch.Tensor | None = None,
     ):
         captured = self.prefetched.take(input_ids, attention_mask, loss_mask, position_ids, seq_lens)
+        if self.lm_head is not None:
+            # What the target's forward does after its final norm: the same product, on the trainer.
+            captured["logits"] = self.lm_head(captured.pop("final_hidden"))
         return _target.DFlashTargetBatch(
             hidden_states=captured["hidden_states"],
             input_ids=input_ids,
@@ -93,7 +101,11 @@ def frozen_weights(backend: RemoteTargetBackend, model: RemoteTargetModel, devic
     embed = backend.target_weight(WEIGHT_INPUT_EMBEDDINGS).to(device)
     head = backend.target_weight(WEIGHT_LM_HEAD).to(device)
     model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
-    model.lm_head = torch.nn.Linear(head.shape[1], head.shape[0], bias=False, device=device, dtype=head.dtype)
+    # skip_init: a Linear's own init would draw from torch's global RNG, which NeMo's recipe draws the draft's
+    # initial weights from next; the co-located recipe draws nothing here.
+    model.lm_head = torch.nn.utils.skip_init(
+        torch.nn.Linear, head.shape[1], head.shape[0], bias=False, device=device, dtype=head.dtype
+    )
     with torch.no_grad():
         model.lm_head.weight.copy_(head)
     model.requires_grad_(False)
@@ -103,7 +115,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
     """Mixed in before one of NeMo's DFlash-family recipes: the target is the fleet."""
 
     family: Family
-    recipe_keys = ("prefetch_depth",)
+    recipe_keys = ("prefetch_depth", "compact")
 
     def _build_target_model(self, recipe_cfg, target_path: str, draft_spec) -> RemoteTargetModel:
         self._setup_draft_meshes()
@@ -121,6 +133,13 @@ class RemoteDFlashRecipe(RemoteTargetSection):
                 )
         super().__init__(cfg)
         self.prefetch_depth = depth_setting(self.recipe_settings.get("prefetch_depth"))
+        self.compact = self.recipe_settings.get("compact", False)
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
+        if self.compact and self.family.compact is None:
+            raise ValueError(
+                f"remote_target.compact: {type(self).__name__} has no compact request; its exact one is small"
+            )
 
     def _setup_draft_meshes(self) -> None:
         """NeMo's meshes for the draft's data parallelism; the fleet, not the trainer, shards the target."""
@@ -133,6 +152,9 @@ class RemoteDFlashRecipe(RemoteTargetSection):
         self.device_mesh = self.dist_setup.mesh_context.device_mesh
         self.dp_mesh = _dflash._submesh_or_none(self.device_mesh, "dp")
 
+    def num_target_layers(self) -> int:
+        return int(_target.resolve_text_config(self.target_model.config.get_text_config()).num_hidden_layers)
+
     def _build_target_wrapper(self, target_layer_ids: list[int]) -> RemoteDFlashTarget:
         kwargs, wait_timeout = self.remote_target
         options: dict[str, Any] = dict(kwargs)
@@ -143,7 +165,9 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             endpoints,
             auth_token=token,
             options=pool,
-            features=self.family.features(target_layer_ids),
+            features=(self.family.compact if self.compact else self.family.ask)(
+                target_layer_ids, self.num_target_layers()
+            ),
             **backend_kwargs,
         )
         try:
@@ -153,7 +177,8 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             backend.close()
             raise
         prefetched = PrefetchedBatches(backend, self.prefetch_depth)
-        return RemoteDFlashTarget(backend, target_layer_ids, prefetched)
+        lm_head = self.target_model.get_output_embeddings() if self.compact else None
+        return RemoteDFlashTarget(backend, target_layer_ids, prefetched, lm_head)
 
     def run_train_validation_loop(self):
         try:
@@ -171,22 +196,22 @@ class RemoteDFlashRecipe(RemoteTargetSection):
 class TrainDFlashRecipe(RemoteDFlashRecipe, _dflash.TrainDFlashRecipe):
     """NeMo's TrainDFlashRecipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    family = family("TrainDFlashRecipe")
+    family = by_recipe("TrainDFlashRecipe")
 
 
 class TrainJetSpecRecipe(RemoteDFlashRecipe, _jetspec.TrainJetSpecRecipe):
     """NeMo's TrainJetSpecRecipe on the fleet, which sends the full-vocabulary logits too."""
 
-    family = family("TrainJetSpecRecipe")
+    family = by_recipe("TrainJetSpecRecipe")
 
 
 class TrainDominoRecipe(RemoteDFlashRecipe, _domino.TrainDominoRecipe):
     """NeMo's TrainDominoRecipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    family = family("TrainDominoRecipe")
+    family = by_recipe("TrainDominoRecipe")
 
 
 class TrainDFlash2Recipe(RemoteDFlashRecipe, _dflash2.TrainDFlash2Recipe):
     """NeMo's TrainDFlash2Recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    family = family("TrainDFlash2Recipe")
+    family = by_recipe("TrainDFlash2Recipe")

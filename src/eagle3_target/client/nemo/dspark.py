@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from eagle3_target.protocol.families import family
+from eagle3_target.protocol.families import by_recipe
 
 from ._imports import nemo_module
-from .features import FeatureTarget, dspark_context, dspark_layers, open_backend
+from .features import FeatureTarget, dspark_context, open_backend
 from .prefetch import depth_setting
 from .remote import RemoteTargetSection
 from .takeover import fleet_target
@@ -95,7 +95,7 @@ class TrainDSparkRecipe(RemoteTargetSection, _dspark.TrainDSparkRecipe):
         config = config_only.config
         num_layers = int((getattr(config, "text_config", None) or config).num_hidden_layers)
         layer_ids = _common.validate_target_layer_ids(list(target_layer_ids), num_layers)
-        features = family("TrainDSparkRecipe").features(dspark_layers(layer_ids, num_layers))
+        features = by_recipe("TrainDSparkRecipe").ask(layer_ids, num_layers)
         backend = open_backend(features, self.device, self.remote_target)
         return RemoteDSparkTarget(
             backend, self.device, self.prefetch_depth, target_layer_ids=layer_ids, num_layers=num_layers

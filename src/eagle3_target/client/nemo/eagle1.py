@@ -3,10 +3,10 @@
 NeMo's co-located HFEagleTargetModel gives the trainer the post-norm hidden state [B,S,H] and it shifted
 left, the full-vocabulary logits shifted left, and the shifted input_ids / loss_mask; the trainer applies
 the target's lm_head to the draft's output every step. The fleet sends the post-norm hidden state and
-the full logits (with ``remote_target.logits_on_trainer: true`` only the hidden state: the trainer holds
+the full logits (with ``remote_target.compact: true`` only the hidden state: the trainer holds
 the lm_head anyway and computes the logits with the same matmul); lm_head and embeddings come once.
 YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py) with ``prefetch_depth`` and
-``logits_on_trainer``.
+``compact``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from eagle3_target.protocol.families import family
-from eagle3_target.protocol.features import Features
+from eagle3_target.protocol.families import by_recipe
 
 from ._imports import nemo_module
 from .features import FeatureTarget, open_backend, shift_left
@@ -32,17 +31,18 @@ _target = nemo_module("components.speculative.eagle.target_v12")
 class RemoteEagleTarget(FeatureTarget):
     """Duck-typed as NeMo's HFEagleTargetModel."""
 
-    def __init__(self, backend, device: torch.device, prefetch_depth=None, *, logits_on_trainer=False):
+    def __init__(self, backend, device: torch.device, prefetch_depth=None, *, compact=False):
         super().__init__(backend, device, prefetch_depth)
-        self.logits_on_trainer = logits_on_trainer
+        self.compact = compact
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
         hidden = captured["final_hidden"]
-        logits = self.get_lm_head()(hidden) if self.logits_on_trainer else captured["logits"]
+        # The fleet shifts the logits it sends; the compact request's are computed here, then shifted.
+        logits = shift_left(self.get_lm_head()(hidden)) if self.compact else captured["logits"]
         return _target.EagleTargetBatch(
             input_hidden_states=hidden,
             target_hidden_states=shift_left(hidden),
-            target_logits=shift_left(logits),
+            target_logits=logits,
             input_ids=shift_left(inputs["input_ids"]),
             attention_mask=inputs["attention_mask"],
             loss_mask=shift_left(inputs["loss_mask"]),
@@ -55,16 +55,16 @@ class RemoteEagleTarget(FeatureTarget):
 class RemoteEagle1Recipe(RemoteTargetSection):
     """Mixed in before NeMo's EAGLE-1 or EAGLE-2 recipe: the target is the fleet."""
 
-    recipe_keys = ("prefetch_depth", "logits_on_trainer")
+    recipe_keys = ("prefetch_depth", "compact")
 
     def __init__(self, cfg):
         if int(cfg.get("distributed.tp_size", 1) or 1) > 1:
             raise ValueError("distributed.tp_size>1 shards a co-located target; the fleet runs it whole")
         super().__init__(cfg)
         self.prefetch_depth = depth_setting(self.recipe_settings.get("prefetch_depth"))
-        self.logits_on_trainer = self.recipe_settings.get("logits_on_trainer", False)
-        if not isinstance(self.logits_on_trainer, bool):
-            raise ValueError(f"remote_target.logits_on_trainer={self.logits_on_trainer!r}: true or false")
+        self.compact = self.recipe_settings.get("compact", False)
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
 
     def setup(self):
         with fleet_target(_eagle1, "HFEagleTargetModel", self._fleet_wrapper):
@@ -73,15 +73,10 @@ class RemoteEagle1Recipe(RemoteTargetSection):
         self.train_dataloader = self.target_wrapper.prefetched.wrap(self.train_dataloader)
 
     def _fleet_wrapper(self, _config_only_target) -> RemoteEagleTarget:
-        features = (
-            Features(final_hidden=True)
-            if self.logits_on_trainer
-            else family(type(self).__name__).features(())
-        )
+        eagle1 = by_recipe(type(self).__name__)
+        features = (eagle1.compact if self.compact else eagle1.ask)((), 0)
         backend = open_backend(features, self.device, self.remote_target)
-        return RemoteEagleTarget(
-            backend, self.device, self.prefetch_depth, logits_on_trainer=self.logits_on_trainer
-        )
+        return RemoteEagleTarget(backend, self.device, self.prefetch_depth, compact=self.compact)
 
     def run_train_validation_loop(self):
         try:

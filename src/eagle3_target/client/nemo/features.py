@@ -25,17 +25,12 @@ def shift_left(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat((tensor[:, 1:], torch.zeros_like(tensor[:, :1])), dim=1)
 
 
-def dspark_layers(target_layer_ids: list[int], num_layers: int) -> tuple[int, ...]:
-    """DSpark's layers as the fleet captures them: the last one's feature is the post-norm hidden state,
-    which comes once as final_hidden."""
-    return tuple(i for i in target_layer_ids if i != num_layers - 1)
-
-
 def dspark_context(
     captured: dict[str, torch.Tensor], target_layer_ids: list[int], num_layers: int
 ) -> torch.Tensor:
-    """NeMo's DSpark context [B, S, n*H]: the captured layers in order, the post-norm state in the last
-    layer's place (a copy: exact)."""
+    """NeMo's DSpark context [B, S, n*H] from what the dspark family asks (its ask() sends the last layer,
+    whose feature is the post-norm state, once as final_hidden): the layers in order, the post-norm state
+    in the last layer's place (a copy: exact)."""
     final = captured["final_hidden"]
     width, start, pieces = final.shape[-1], 0, []
     for layer_id in target_layer_ids:

@@ -2,8 +2,8 @@
 (remote.py describes it).
 
 With ``recipe_args.parallel_drafting: true`` (P-EAGLE) the fleet sends what NeMo's co-located target
-computes (peagle.py); ``remote_target.logits_on_trainer: true`` has it send the post-norm hidden state
-instead of full-vocabulary logits, and the trainer applies the target's lm_head.
+computes (peagle.py); ``remote_target.compact: true`` has it send the post-norm hidden state instead of
+full-vocabulary logits, and the trainer applies the target's lm_head.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
     """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    recipe_keys = ("logits_on_trainer",)
+    recipe_keys = ("compact",)
 
     def __init__(self, cfg):
         backend = cfg.get("recipe_args.target_model_backend", "remote")
@@ -39,12 +39,12 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
             "recipe_args.target_model_backend", "colocated" if self.parallel_drafting else "remote"
         )
         super().__init__(cfg)
-        self.logits_on_trainer = self.recipe_settings.get("logits_on_trainer", False)
-        if not isinstance(self.logits_on_trainer, bool):
-            raise ValueError(f"remote_target.logits_on_trainer={self.logits_on_trainer!r}: true or false")
-        if self.logits_on_trainer and not self.parallel_drafting:
+        self.compact = self.recipe_settings.get("compact", False)
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
+        if self.compact and not self.parallel_drafting:
             raise ValueError(
-                "remote_target.logits_on_trainer applies to P-EAGLE (parallel_drafting: true); "
+                "remote_target.compact applies to P-EAGLE (parallel_drafting: true); "
                 "EAGLE-3 takes draft-vocabulary supervision (remote_target.encoding)"
             )
 
@@ -69,5 +69,5 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
             self.device,
             recipe_cfg.get("aux_layer_ids", None),
             draft_base_config.num_hidden_layers,
-            self.logits_on_trainer,
+            self.compact,
         )

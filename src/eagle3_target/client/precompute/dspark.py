@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
-from eagle3_target.protocol.families import family
+from eagle3_target.protocol.families import by_recipe
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
 from ..nemo._imports import nemo_module
-from ..nemo.features import dspark_context, dspark_layers
+from ..nemo.features import dspark_context
 from . import cache, data
 from .options import UsageError
 from .progress import Progress
@@ -162,7 +162,7 @@ def precompute_dspark(args: argparse.Namespace, token: str | None) -> Progress:
     target_utils.apply_target_chat_template(tokenizer, args.chat_template)
     if args.target_attn_implementation is not None or args.target_force_hf:
         log.warning("--target-attn-implementation and --target-force-hf: the fleet's servers load the target")
-    features = family("TrainDSparkRecipe").features(dspark_layers(layer_ids, num_layers))
+    features = by_recipe("TrainDSparkRecipe").ask(layer_ids, num_layers)
     with connect(args, token, features) as backend:
         check_model(backend.model_info(), config if text is config else text, args)
         loader_data = data.Dataset(data.nemo_loader(args, tokenizer))

@@ -1,60 +1,72 @@
-"""Draft families: what each of NeMo's draft recipes asks of the target, one module per family here.
+"""Draft families as data: what each asks of the target per batch, and which weights it fetches once.
 
-A family module defines ``FAMILIES``, a tuple of `Family`; the client's recipe adapter for it lives in
-``eagle3_target.client.nemo.<adapter>`` and defines a class named after NeMo's recipe. Nothing else
-lists them: `eagle3-target train-draft` and ``eagle3_target.client.nemo`` find them here.
-Torch-free, like the rest of protocol/.
+One module per family, each defining ``FAMILY``; ``families()`` finds them all, so adding a family is
+adding a module here (and its recipe adapter in client/nemo/), nothing else: ``eagle3_target.client.nemo``
+exports every recipe named here from its adapter, and `eagle3-target train-draft` dispatches on the YAML's
+``recipe:`` key through ``by_recipe``. Torch-free.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from ..features import LOGITS_NONE, Features
+from ..features import Features
+
+# (target_layer_ids, num_hidden_layers) -> what one batch asks of the target
+Ask = Callable[[Sequence[int], int], Features]
 
 DEFAULT_RECIPE = "TrainEagle3Recipe"  # what a YAML without a recipe: key trains (NeMo's EAGLE-3 convention)
 
 
 @dataclass(frozen=True)
 class Family:
-    """One NeMo recipe's needs of the target.
+    name: str
+    recipes: tuple[str, ...]  # the NeMo AutoModel 0.7.0 recipes (or draft types) it serves
+    ask: Ask  # the exact request: the batch as NeMo's co-located target wrapper computes it
+    weights: tuple[str, ...]  # fetched once at setup (features.py WEIGHT_NAMES)
+    # The compact request where full-vocabulary logits dominate: the post-norm hidden state, the
+    # trainer applying the lm_head (weights then include "lm_head"). None: the exact request is small.
+    compact: Ask | None = None
+    # The module under eagle3_target.client.nemo that defines a class named after each recipe; default: name.
+    adapter: str | None = None
 
-    recipe: NeMo's recipe class name; our remote subclass has the same name.
-    adapter: the module under eagle3_target.client.nemo that defines that subclass.
-    layers: where the captured layer ids come from (the recipe decides them in setup()).
-    logits, final_hidden, shift: as in Features, per batch.
-    weights: what the trainer fetches once and uses live every step (protocol.features WEIGHT_*).
-    exact: False where the fleet cannot reproduce the co-located recipe bit for bit (docs/families.md).
-    """
+    @property
+    def adapter_module(self) -> str:
+        return self.adapter or self.name
 
-    recipe: str
-    adapter: str
-    layers: str
-    logits: str = LOGITS_NONE
-    final_hidden: bool = False
-    shift: bool = False
-    weights: tuple[str, ...] = ()
-    exact: bool = True
-
-    def features(self, layers: tuple[int, ...] | list[int]) -> Features:
-        """The per-batch request, once the recipe has chosen its layers."""
-        return Features(
-            layers=tuple(layers), final_hidden=self.final_hidden, logits=self.logits, shift=self.shift
-        )
+    @property
+    def recipe_classes(self) -> tuple[str, ...]:
+        """The recipes that are classes (``TrainEagle3Recipe:parallel_drafting`` is a mode of one)."""
+        return tuple(r for r in self.recipes if r.isidentifier())
 
 
 @cache
 def families() -> dict[str, Family]:
-    """Every family module's families, by recipe name."""
-    found: dict[str, Family] = {}
+    """Every family module's FAMILY, by name."""
+    found = {}
     for module in pkgutil.iter_modules(__path__):
-        for family in importlib.import_module(f"{__name__}.{module.name}").FAMILIES:
-            if family.recipe in found:
-                raise RuntimeError(f"two family modules describe {family.recipe}")
-            found[family.recipe] = family
+        family = importlib.import_module(f"{__name__}.{module.name}").FAMILY
+        found[family.name] = family
+    return found
+
+
+def family(name: str) -> Family:
+    known = families()
+    if name not in known:
+        raise KeyError(f"unknown draft family {name!r}; known: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def recipe_families() -> dict[str, Family]:
+    """Recipe class name -> the family whose adapter defines it (the first family to name it)."""
+    found: dict[str, Family] = {}
+    for fam in sorted(families().values(), key=lambda f: f.name):
+        for recipe in fam.recipe_classes:
+            found.setdefault(recipe, fam)
     return found
 
 
@@ -70,12 +82,10 @@ def recipe_name(value: object) -> str:
     return value.strip().rsplit(".", 1)[-1]
 
 
-def family(recipe: str) -> Family:
+def by_recipe(recipe: str) -> Family:
     """The family of a recipe class name; ValueError naming the ones there are."""
-    try:
-        return families()[recipe]
-    except KeyError:
-        known = ", ".join(sorted(families()))
-        raise ValueError(
-            f"recipe: {recipe} is not a recipe the fleet trains; choose one of {known}"
-        ) from None
+    found = recipe_families()
+    if recipe not in found:
+        known = ", ".join(sorted(found))
+        raise ValueError(f"recipe: {recipe} is not a recipe the fleet trains; choose one of {known}")
+    return found[recipe]

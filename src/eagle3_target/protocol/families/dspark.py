@@ -1,23 +1,20 @@
-"""DSpark: NeMo's TrainDSparkRecipe.
+"""DSpark (HFDSparkTargetModel): target_layer_ids concatenated, where the last layer id means the post-norm
+hidden state and -1 the embedding output, plus the post-norm last hidden state, unshifted.
 
-Per batch: the recipe's target_layer_ids concatenated [B, S, n*H] (-1 the embedding output, the last layer
-id the post-norm hidden state, any other id that decoder layer's output) and the post-norm last hidden
-state [B, S, H], all unshifted. The fleet captures the post-norm state once (final_hidden) and the trainer
-puts it in the last layer's place. Once: the input embeddings and the lm_head, which the draft copies at
-setup.
+The last layer is asked as final_hidden (sent once); the adapter puts it in its place in the concatenation.
 """
 
-from __future__ import annotations
-
-from ..features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
+from ..features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
 from . import Family
 
-FAMILIES = (
-    Family(
-        "TrainDSparkRecipe",
-        adapter="dspark",
-        layers="recipe_args.target_layer_ids (default: spread over the target by draft_num_hidden_layers)",
-        final_hidden=True,
-        weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
-    ),
+
+def ask(layers, num_hidden_layers: int) -> Features:
+    return Features(layers=tuple(i for i in layers if i != num_hidden_layers - 1), final_hidden=True)
+
+
+FAMILY = Family(
+    name="dspark",
+    recipes=("TrainDSparkRecipe",),
+    ask=ask,
+    weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
 )

@@ -1,22 +1,13 @@
-"""EAGLE-1 and EAGLE-2: NeMo's TrainEagle1Recipe and TrainEagle2Recipe (the same training; EAGLE-2 differs
-in its tree policy at inference).
+"""EAGLE-1/2 (TrainEagle1Recipe and TrainEagle2Recipe, the same training; HFEagleTargetModel): the post-norm hidden state (the trainer also shifts
+it left) and full-vocabulary logits shifted left. The trainer applies the target's lm_head every step."""
 
-Per batch: the post-norm last hidden state [B, S, H] and the full-vocabulary logits [B, S, V], unshifted;
-the trainer shifts both left (zero last row) with input_ids and loss_mask, keeping the hidden state
-unshifted too. Once: the input embeddings, and the lm_head, which the trainer applies to the draft's output
-every step. With remote_target.logits_on_trainer the fleet sends no logits and the trainer computes them
-with that lm_head, the matmul the target's forward ends with.
-"""
-
-from __future__ import annotations
-
-from ..features import LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
+from ..features import LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
 from . import Family
 
-LAYERS = "none: the post-norm last hidden state only"
-WEIGHTS = (WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD)
-
-FAMILIES = tuple(
-    Family(recipe, adapter="eagle1", layers=LAYERS, final_hidden=True, logits=LOGITS_FULL, weights=WEIGHTS)
-    for recipe in ("TrainEagle1Recipe", "TrainEagle2Recipe")
+FAMILY = Family(
+    name="eagle1",
+    recipes=("TrainEagle1Recipe", "TrainEagle2Recipe"),
+    ask=lambda _layers, _n: Features(final_hidden=True, logits=LOGITS_FULL, shift=True),
+    weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
+    compact=lambda _layers, _n: Features(final_hidden=True),
 )

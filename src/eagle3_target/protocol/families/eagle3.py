@@ -1,18 +1,15 @@
-"""EAGLE-3: NeMo's own remote protocol, byte for byte (docs/nemo.md). Three aux layers chosen by the target
-(model_info's aux_layer_ids), target_probs over the draft vocabulary, shifted; the input embeddings once."""
+"""EAGLE-3 (NeMo's TrainEagle3Recipe): three aux layers, target_probs over the draft vocabulary, shifted.
 
-from __future__ import annotations
+The same tensors as the "nemo" encoding, whose path a stock client takes without any request.
+"""
 
-from ..features import LOGITS_DRAFT_PROBS, WEIGHT_INPUT_EMBEDDINGS
+from ..features import LOGITS_DRAFT_PROBS, WEIGHT_INPUT_EMBEDDINGS, Features
 from . import Family
 
-FAMILIES = (
-    Family(
-        "TrainEagle3Recipe",
-        adapter="recipe",
-        layers="the target's aux_layer_ids (three, /model_info)",
-        logits=LOGITS_DRAFT_PROBS,
-        shift=True,
-        weights=(WEIGHT_INPUT_EMBEDDINGS,),
-    ),
+FAMILY = Family(
+    name="eagle3",
+    recipes=("TrainEagle3Recipe",),
+    ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_DRAFT_PROBS, shift=True),
+    weights=(WEIGHT_INPUT_EMBEDDINGS,),
+    adapter="recipe",
 )
