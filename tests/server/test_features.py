@@ -1,6 +1,7 @@
 """Feature requests on the server: each family's tensors bit for bit as NeMo's co-located target wrappers
 compute them (HF runner, CPU float32), the synthetic runner's, the 4xx answers, and /weights/<name>."""
 
+import dataclasses
 import json
 
 import pytest
@@ -132,7 +133,7 @@ class LayersOnly(SyntheticRunner):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.info = type(self.info)(**{**self.info.__dict__, "features": ("layers",)})
+        self.info = dataclasses.replace(self.info, features=("layers",))
 
 
 async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_serving():
