@@ -18,7 +18,7 @@ from eagle3_target.server.app import TargetServer
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
-from .client_support import assert_batch_matches, draft_vocab, expected, make_batch
+from .client_support import assert_batch_matches, draft_vocab, expected, make_batch, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,7 +84,7 @@ def test_an_incomplete_reply_fails_over_to_a_good_server(farm):
         assert backend.pool.failovers >= 1
     for got in results:
         assert torch.equal(got["final_hidden"], direct(features, ids, mask)["final_hidden"])
-    assert served(farm.server(good), "generate", "200") == 3
+    wait_until(lambda: served(farm.server(good), "generate", "200") == 3)
 
 
 def test_target_weight_is_fetched_once_and_checked(farm):
@@ -95,7 +95,7 @@ def test_target_weight_is_fetched_once_and_checked(farm):
         assert backend.target_weight("lm_head") is head
         assert torch.equal(head, runner.weight("lm_head"))
         assert torch.equal(backend.target_weight("input_embeddings"), runner.input_embeddings())
-        assert served(farm.server(url), "weights", "200") == 2
+        wait_until(lambda: served(farm.server(url), "weights", "200") == 2)  # counted after the body is sent
         with pytest.raises(Exception, match="weight_not_offered"):
             backend.target_weight("final_norm")  # the synthetic runner has no norm
         with pytest.raises(ValueError, match="unknown weight"):
