@@ -148,6 +148,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             (Features(final_hidden=True).to_header(), 400, "feature_not_offered"),
             (Features(layers=(-1,)).to_header(), 400, "feature_not_offered"),
             ("{not json", 400, "bad_features"),
+            ("[" * 3000, 400, "bad_features"),
+            ('{"layers":' + "[" * 2000 + "]" * 2000 + "}", 400, "bad_features"),
             ('{"layers":[1],"colour":"red"}', 400, "bad_features"),
             ("{}", 400, "bad_features"),
             ('{"logits":"full","shift":"yes"}', 400, "bad_features"),
