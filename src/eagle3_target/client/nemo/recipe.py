@@ -34,6 +34,9 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
                     "name the fleet with remote_target.endpoints instead"
                 )
         self.parallel_drafting = bool(cfg.get("recipe_args.parallel_drafting", False))
+        for axis in ("cp_size", "tp_size"):
+            if self.parallel_drafting and int(cfg.get(f"distributed.{axis}", 1) or 1) > 1:
+                raise ValueError(f"distributed.{axis}>1 shards a co-located target; the fleet runs it whole")
         # P-EAGLE: NeMo's gate admits only a co-located target, whose loader is the hook taken over below.
         cfg.set_by_dotted(
             "recipe_args.target_model_backend", "colocated" if self.parallel_drafting else "remote"
@@ -60,9 +63,6 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
         # Reached only for P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
         from .peagle import open_peagle_target
 
-        for axis in ("cp_size", "tp_size"):
-            if int(self.cfg.get(f"distributed.{axis}", 1) or 1) > 1:
-                raise ValueError(f"distributed.{axis}>1 shards a co-located target; the fleet runs it whole")
         self.target_model = None
         self.target_wrapper = open_peagle_target(
             self.remote_target,
