@@ -8,6 +8,8 @@ to sdpa after setup() (a shim here, never in the product)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from eagle3_target.client import RemoteTargetBackend
@@ -58,8 +60,15 @@ def fleet(target):
 
 
 @pytest.fixture(scope="module")
-def reference(target, tmp_path_factory):
-    return run_colocated(DSPARK, target, tmp_path_factory.mktemp("nemo-dspark"))
+def dspark(target):
+    """With a validation set (the training chats): NeMo's end-of-epoch evaluation runs in both runs, its
+    losses compared too, and the adapter prefetches the validation batches as well."""
+    return dataclasses.replace(DSPARK, recipe_args={**DSPARK.recipe_args, "val_data_path": str(target.chats)})
+
+
+@pytest.fixture(scope="module")
+def reference(dspark, target, tmp_path_factory):
+    return run_colocated(dspark, target, tmp_path_factory.mktemp("nemo-dspark"))
 
 
 def no_synchronous_capture(*_args, **_kwargs):
@@ -67,16 +76,17 @@ def no_synchronous_capture(*_args, **_kwargs):
 
 
 def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
-    target, fleet, reference, tmp_path, monkeypatch
+    dspark, target, fleet, reference, tmp_path, monkeypatch
 ):
     before = [s.generated() for s in fleet]
     monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
-    ours = run_remote(DSPARK, target, [s.url for s in fleet], tmp_path)
+    ours = run_remote(dspark, target, [s.url for s in fleet], tmp_path)
     assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
+    assert len(reference.losses) == 16  # 8 training micro-batches, then the 8 of the validation pass
     assert_exact(ours, reference)
 
 
-def test_a_server_sigkilled_mid_run_changes_nothing(target, fleet, reference, tmp_path):
+def test_a_server_sigkilled_mid_run_changes_nothing(dspark, target, fleet, reference, tmp_path):
     victim = start_fleet(target.model, ["127.0.0.4"])[0]
 
     def kill_after_third(micro_batch: int) -> None:
@@ -86,7 +96,7 @@ def test_a_server_sigkilled_mid_run_changes_nothing(target, fleet, reference, tm
 
     try:
         ours = run_remote(
-            DSPARK,
+            dspark,
             target,
             [fleet[0].url, victim.url],
             tmp_path,
