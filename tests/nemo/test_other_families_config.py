@@ -3,7 +3,11 @@ the refusals come before the client connects)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+import yaml
 
 import eagle3_target.client.nemo as ours
 
@@ -45,3 +49,16 @@ def test_compact_is_p_eagles_not_eagle3s(target, tmp_path):
     path = recipe_yaml(family, target.config_only, target.chats, tmp_path, remote_target=section)
     with pytest.raises(ValueError, match=r"compact applies to P-EAGLE \(parallel_drafting: true\)"):
         ours.TrainEagle3Recipe(load_config(path))
+
+
+def test_the_docs_p_eagle_yaml_is_one_the_remote_recipe_accepts(tmp_path, monkeypatch):
+    doc = Path(__file__).resolve().parents[2] / "docs" / "families.md"
+    blocks = map(yaml.safe_load, re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S))
+    config = next(b for b in blocks if b.get("recipe_args", {}).get("parallel_drafting"))
+    path = tmp_path / "peagle.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("EAGLE3_TARGET_SERVICE", "dns://llama.default.svc.cluster.local:8001")
+    monkeypatch.delenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", raising=False)
+    recipe = ours.TrainEagle3Recipe(load_config(path))
+    assert recipe.parallel_drafting and recipe.compact
+    assert recipe.cfg.get("recipe_args.target_model_backend") == "colocated"  # NeMo's gate; the fleet's hook
