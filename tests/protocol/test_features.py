@@ -66,3 +66,16 @@ def test_every_family_is_found_and_asks_a_valid_request():
     assert family("eagle3").ask([1, 17, 32], 36).logits == "draft_probs"
     with pytest.raises(KeyError, match="unknown draft family 'medusa'"):
         family("medusa")
+
+
+def test_a_new_family_is_one_module(tmp_path, monkeypatch):
+    """Dropping a module with a FAMILY into protocol/families is all it takes to be found."""
+    import eagle3_target.protocol.families as package
+
+    (tmp_path / "medusa.py").write_text(
+        "from eagle3_target.protocol.families import Family\n"
+        "from eagle3_target.protocol.features import Features\n"
+        "FAMILY = Family('medusa', ('TrainMedusaRecipe',), lambda _l, _n: Features(final_hidden=True), ())\n"
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    assert family("medusa").ask([], 32) == Features(final_hidden=True)
