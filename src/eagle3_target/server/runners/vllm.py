@@ -213,7 +213,7 @@ def embedding_shard(worker) -> torch.Tensor:
 
 def drop_capture(worker) -> None:
     capture = getattr(worker, CAPTURE, None)
-    for hook in capture.hooks if capture else []:
+    for hook in [*capture.hooks, *capture.layer_hooks] if capture else []:
         hook.remove()
 
 
