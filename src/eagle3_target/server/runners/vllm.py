@@ -110,7 +110,7 @@ class Recorder:
         layers = decoder_layers(self.model)
         # -1: Llama-style models' embed_tokens (vLLM's get_input_embeddings may want input_ids)
         embed = getattr(getattr(self.model, "model", None), "embed_tokens", None)
-        if embed is None:
+        if embed is None and -1 in layer_ids:
             embed = self.model.get_input_embeddings()
         modules = [(i, layers[i] if i >= 0 else embed) for i in layer_ids]
         self.layer_hooks = [module.register_forward_hook(self._layer(i)) for i, module in modules]
