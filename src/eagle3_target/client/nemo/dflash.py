@@ -33,7 +33,7 @@ _dflash2 = nemo_module("recipes.llm.train_dflash2")
 
 class RemoteTargetModel(torch.nn.Module):
     """What a DFlash recipe reads of its target model besides the forward: the config, the input embeddings
-    and the lm_head (filled from the fleet by `RemoteDFlashTarget`)."""
+    and the lm_head (`frozen_weights` fills them from the fleet)."""
 
     def __init__(self, config):
         super().__init__()
@@ -56,15 +56,17 @@ class RemoteDFlashTarget:
         backend: RemoteTargetBackend,
         target_layer_ids: list[int],
         prefetched: PrefetchedBatches,
-        lm_head: torch.nn.Module | None = None,
+        model: RemoteTargetModel,
+        compact: bool = False,
     ):
         self.backend = backend
+        self.model = model
         self.target_layer_ids = list(target_layer_ids)  # NeMo saves them in dflash_meta.pt
         self.prefetched = prefetched
-        self.lm_head = lm_head  # set for the compact request: the logits from the final hidden state, here
+        self.compact = compact  # the reply has the final hidden state; the logits are computed here
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
-        return self.backend.get_input_embeddings()
+        return self.model.get_input_embeddings()
 
     @torch.no_grad()
     def generate_batch(
@@ -77,9 +79,9 @@ class RemoteDFlashTarget:
         doc_remaining: torch.Tensor | None = None,
     ):
         captured = self.prefetched.take(input_ids, attention_mask, loss_mask, position_ids, seq_lens)
-        if self.lm_head is not None:
+        if self.compact:
             # What the target's forward does after its final norm: the same product, on the trainer.
-            captured["logits"] = self.lm_head(captured.pop("final_hidden"))
+            captured["logits"] = self.model.get_output_embeddings()(captured.pop("final_hidden"))
         return _target.DFlashTargetBatch(
             hidden_states=captured["hidden_states"],
             input_ids=input_ids,
@@ -177,8 +179,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             backend.close()
             raise
         prefetched = PrefetchedBatches(backend, self.prefetch_depth)
-        lm_head = self.target_model.get_output_embeddings() if self.compact else None
-        return RemoteDFlashTarget(backend, target_layer_ids, prefetched, lm_head)
+        return RemoteDFlashTarget(backend, target_layer_ids, prefetched, self.target_model, self.compact)
 
     def run_train_validation_loop(self):
         try:
