@@ -4,6 +4,7 @@ and the trainer's copy of the target holds no weight file."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -79,7 +80,7 @@ def references(target, tmp_path_factory):
 
 def no_synchronous_capture(*_args, **_kwargs):
     raise AssertionError(
-        "a training batch's features were asked for when the loop reached it, not prefetched"
+        "a batch's features were asked for when the loop reached it, not prefetched"
     )
 
 
@@ -92,6 +93,18 @@ def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
     ours = run_remote(FAMILIES[recipe], target, [s.url for s in fleet], tmp_path)
     assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
     assert_exact(ours, references(recipe))
+
+
+def test_validation_batches_are_prefetched_and_exact_too(target, fleet, tmp_path, monkeypatch):
+    family = FAMILIES["TrainDominoRecipe"]
+    family = dataclasses.replace(
+        family, recipe_args={**family.recipe_args, "val_data_path": str(target.chats)}
+    )
+    reference = run_colocated(family, target, tmp_path / "nemo")
+    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
+    ours = run_remote(family, target, [s.url for s in fleet], tmp_path / "ours")
+    assert len(reference.losses) == 16  # 8 training micro-batches, then 8 validation ones
+    assert_exact(ours, reference)
 
 
 def test_jetspecs_compact_request_trains_as_exactly(target, fleet, references, tmp_path, monkeypatch):

@@ -189,9 +189,12 @@ class RemoteDFlashRecipe(RemoteTargetSection):
 
     def setup(self):
         super().setup()
-        # NeMo's loop asks for each batch's target features as it reaches it; the loader below submits
-        # the next ones ahead, in the order the loop will ask.
-        self.train_dataloader = self.target_wrapper.prefetched.wrap(self.train_dataloader)
+        # NeMo's loops ask for each batch's target features as they reach it; the loaders below submit
+        # the next ones ahead, in the order the loops will ask.
+        prefetched = self.target_wrapper.prefetched
+        self.train_dataloader = prefetched.wrap(self.train_dataloader)
+        if self.val_dataloader is not None:
+            self.val_dataloader = prefetched.wrap(self.val_dataloader)
 
 
 class TrainDFlashRecipe(RemoteDFlashRecipe, _dflash.TrainDFlashRecipe):
