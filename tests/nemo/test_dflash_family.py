@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from eagle3_target.client import RemoteTargetBackend
+from eagle3_target.client import RemoteTargetBackend, ServerError
 from eagle3_target.client.nemo.prefetch import PrefetchedBatches
 
 from .exactness import (
@@ -79,9 +79,7 @@ def references(target, tmp_path_factory):
 
 
 def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError(
-        "a batch's features were asked for when the loop reached it, not prefetched"
-    )
+    raise AssertionError("a batch's features were asked for when the loop reached it, not prefetched")
 
 
 @pytest.mark.parametrize("recipe", sorted(FAMILIES))
@@ -145,6 +143,30 @@ def test_a_server_sigkilled_mid_run_changes_nothing(target, fleet, references, t
     finally:
         victim.kill()
     assert_exact(ours, references("TrainJetSpecRecipe"))
+
+
+def test_token_auth_covers_the_weights_and_the_captures(target, references, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-trainer-token\n")
+    server = start_fleet(target.model, ["127.0.0.5"], "--auth-token-file", str(token))[0]
+    try:
+        ours = run_remote(
+            FAMILIES["TrainDFlashRecipe"], target, [server.url], tmp_path / "ok", auth_token_file=str(token)
+        )
+        token.write_text("wrong\n")
+        with pytest.raises(ServerError) as refused:
+            run_remote(
+                FAMILIES["TrainDFlashRecipe"],
+                target,
+                [server.url],
+                tmp_path / "bad",
+                auth_token_file=str(token),
+                start_timeout=30,
+            )
+        assert refused.value.status == 401
+    finally:
+        server.kill()
+    assert_exact(ours, references("TrainDFlashRecipe"))
 
 
 def test_train_draft_picks_the_recipe_from_the_yaml_and_trains_it_exactly(
