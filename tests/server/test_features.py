@@ -1,6 +1,7 @@
 """Feature requests on the server: each family's tensors bit for bit as NeMo's co-located target wrappers
 compute them (HF runner, CPU float32), the synthetic runner's, the 4xx answers, and /weights/<name>."""
 
+import dataclasses
 import json
 
 import pytest
@@ -12,9 +13,10 @@ from nemo_automodel.components.speculative.eagle.target_v12 import HFEagleTarget
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import capture, wire
-from eagle3_target.protocol.contract import ENCODING_HEADER, FEATURES_HEADER
+from eagle3_target.protocol.contract import ENCODING_HEADER, FEATURES_HEADER, NCCL_HEADER
 from eagle3_target.protocol.families import family
 from eagle3_target.protocol.features import Features
+from eagle3_target.server.errors import InvalidInput
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -114,6 +116,15 @@ def test_a_capture_computes_nothing_past_what_it_asks(tiny):
     assert torch.equal(got.final_hidden, want)
 
 
+def test_runners_refuse_packing_metadata_they_cannot_honour(tiny):
+    ids, mask, _ = batch()
+    for runner in (HFRunner(tiny, name="tiny"), SyntheticRunner(vocab_size=V)):
+        for packed in (ForwardInputs(ids, mask, position_ids=mask), ForwardInputs(ids, mask, seq_lens=mask)):
+            with pytest.raises(InvalidInput, match="cannot run packed sequences") as err:
+                runner.capture(packed, Capture(layers=(1,)))
+            assert err.value.error == "packing_not_offered"
+
+
 def test_the_synthetic_runner_captures_too():
     runner = SyntheticRunner(vocab_size=V, hidden_size=16, num_hidden_layers=L)
     ids, mask, _ = batch()
@@ -132,7 +143,7 @@ class LayersOnly(SyntheticRunner):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.info = type(self.info)(**{**self.info.__dict__, "features": ("layers",)})
+        self.info = dataclasses.replace(self.info, features=("layers",))
 
 
 async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_serving():
@@ -147,6 +158,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             (Features(final_hidden=True).to_header(), 400, "feature_not_offered"),
             (Features(layers=(-1,)).to_header(), 400, "feature_not_offered"),
             ("{not json", 400, "bad_features"),
+            ("[" * 3000, 400, "bad_features"),
+            ('{"layers":' + "[" * 2000 + "]" * 2000 + "}", 400, "bad_features"),
             ('{"layers":[1],"colour":"red"}', 400, "bad_features"),
             ("{}", 400, "bad_features"),
             ('{"logits":"full","shift":"yes"}', 400, "bad_features"),
@@ -157,6 +170,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             assert body["detail"]
         got, body = await ask(srv, Features(layers=(1,)), ids, **{ENCODING_HEADER: "logits"})
         assert (got, body["error"]) == (400, "features_with_encoding")
+        got, body = await ask(srv, Features(layers=(1,)), ids, **{NCCL_HEADER: "1"})
+        assert (got, body["error"]) == (400, "features_over_p2p")
         assert (await ask(srv, Features(layers=(2, 1)), ids))[0] == 200
     async with serve(lambda: SyntheticRunner(**options), ServerOptionsCap(64)) as srv:
         got, body = await ask(srv, Features(layers=(1,)), torch.zeros(5, 13, dtype=torch.long))
