@@ -63,6 +63,7 @@ class ModelInfo:
     dtype: str | None = None  # "bfloat16", "float32", ...: torch's name without "torch."
     config_digest: str | None = None
     encodings: tuple[str, ...] | None = None  # None: a server from before encodings (sends "nemo")
+    packing: bool | None = None  # True: /generate honours NeMo's packing metadata (contract.PACKING_KEYS)
     nccl_port: int | None = None  # NeMo's p2p rendezvous port, where the server fixes one
     p2p: Mapping[str, Any] = field(default_factory=dict)  # the server's p2p offer: {"backend": ..., ...}
 
@@ -84,6 +85,8 @@ class ModelInfo:
                 values["nccl_port"] = _int(values["nccl_port"], "nccl_port")
             if "encodings" in values:
                 values["encodings"] = tuple(str(e) for e in values["encodings"])
+            if not isinstance(values.get("packing", False), bool):
+                raise ModelInfoError(f"/model_info packing is not a boolean: {values['packing']!r:.100}")
             if not isinstance(values.get("p2p", {}), Mapping):
                 raise ModelInfoError(f"/model_info p2p is not an object: {values['p2p']!r:.100}")
             for name in ("model", "engine", "dtype", "config_digest"):

@@ -29,6 +29,7 @@ from .p2p.group import Transfer
 from .p2p.groups import P2PGroups
 from .request import parse_generate, parse_vocab_mapping
 from .runners import HiddenStateRunner, TargetRunner
+from .runners.base import Packing
 from .sessions import PEER_PREFIX, Session, SessionTable
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class _Job:
     """A validated /generate for the model thread."""
 
     runner: TargetRunner
-    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask (+ position_ids, seq_lens: packed)
     vocab: VocabMapping  # the session's, taken once: a new mapping does not change a running request
     encoding: str
     timings: dict[str, float] = field(default_factory=dict)
@@ -240,6 +241,7 @@ class TargetService:
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
         encoding = _offered(runner, request.encoding)
+        _packing_offered(runner, inputs)
         job = _Job(runner, inputs, _vocab(session), encoding)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
@@ -275,6 +277,15 @@ def _offered(runner: TargetRunner, encoding: str) -> str:
     return encoding
 
 
+def _packing_offered(runner: TargetRunner, inputs: dict[str, torch.Tensor]) -> None:
+    if "seq_lens" in inputs and not runner.info.packing:
+        raise InvalidInput(
+            "packing_not_offered",
+            f"this server's {runner.info.engine} runner cannot honour packed rows (a block-causal mask); "
+            "send unpacked rows or use an hf server",
+        )
+
+
 def _same(a: VocabMapping, b: VocabMapping) -> bool:
     return torch.equal(a.selected_token_ids, b.selected_token_ids) and torch.equal(
         a.selected_token_mask, b.selected_token_mask
@@ -302,11 +313,13 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     start = time.perf_counter()
     input_ids = inputs["input_ids"].to(device)
     attention_mask = inputs["attention_mask"].to(device)
+    # passed only when packed: runners that offer no packing do not take the argument
+    packed = (Packing(inputs["position_ids"], inputs["seq_lens"]),) if "seq_lens" in inputs else ()
     hidden = None
     if job.encoding == encodings.HIDDEN and isinstance(runner, HiddenStateRunner):
-        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask)
+        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask, *packed)
     else:
-        logits, aux = runner.forward(input_ids, attention_mask)
+        logits, aux = runner.forward(input_ids, attention_mask, *packed)
     if logits.is_cuda:  # CUDA runs ahead of the host: wait, or the forward's time lands in the projection's
         torch.cuda.synchronize(logits.device)
     job.timings["forward"] = time.perf_counter() - start

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -28,6 +28,13 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}") from None
 
 
+class Packing(NamedTuple):
+    """NeMo's packed rows: several documents per row, each attending only to itself (block-causal)."""
+
+    position_ids: torch.Tensor  # [B, S] int64, restarting at 0 in each document
+    seq_lens: torch.Tensor  # [B, D] int64, document lengths, 0-padded; each row sums to S
+
+
 @dataclass(frozen=True)
 class RunnerInfo:
     """The target's identity: everything a client must agree on before training against it."""
@@ -43,6 +50,8 @@ class RunnerInfo:
     config: dict[str, Any] = field(default_factory=dict)
     # "hidden" only from runners that are also a HiddenStateRunner
     encodings: tuple[str, ...] = EXACT_ENCODINGS
+    # whether forward takes NeMo's packing metadata and computes under its block-causal mask
+    packing: bool = False
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -69,6 +78,7 @@ class RunnerInfo:
             dtype=str(self.dtype).removeprefix("torch."),
             config_digest=self.config_digest,
             encodings=self.encodings,
+            packing=self.packing,
             **per_server,
         )
 
@@ -80,9 +90,11 @@ class TargetRunner(Protocol):
     info: RunnerInfo
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device."""
+        """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device.
+
+        ``packing`` comes only to a runner whose info offers it (the service refuses it otherwise)."""
         ...
 
     def input_embeddings(self) -> torch.Tensor:
@@ -102,7 +114,7 @@ class HiddenStateRunner(TargetRunner, Protocol):
     """
 
     def forward_hidden(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """forward's logits and aux hidden states, plus the final normed hidden states [B, S, H]."""
         ...
@@ -116,7 +128,9 @@ class FinalHiddenRunner:
     """A runner that also captures the final normed hidden state: ``forward`` drops it."""
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
+        # Runners that do not offer packing need not take the argument: it is passed only when given.
+        extra = () if packing is None else (packing,)
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask, *extra)
         return logits, aux

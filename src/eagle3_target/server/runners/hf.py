@@ -12,7 +12,8 @@ from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 from eagle3_target.protocol.model_info import defining_config
 
 from ..options import EMBEDDED_MODEL
-from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
+from .base import FinalHiddenRunner, Packing, RunnerInfo, resolve_dtype
+from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class HFRunner(FinalHiddenRunner):
             dtype=param.dtype,
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
+            # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only)
+            packing="flash" not in (getattr(config, "_attn_implementation", None) or ""),
         )
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = [layers[i].register_forward_hook(self._capture(i)) for i in self.info.aux_layer_ids]
@@ -108,11 +111,21 @@ class HFRunner(FinalHiddenRunner):
 
     @torch.inference_mode()
     def forward_hidden(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        extra = {}
+        if packing is not None:
+            # As NeMo's co-located target: the block-causal mask replaces the 2D one, positions per document.
+            seq_length = input_ids.shape[1]
+            attention_mask = block_causal_mask(
+                packing.seq_lens, seq_length, self.info.dtype, input_ids.device
+            )
+            extra["position_ids"] = packing.position_ids.to(input_ids.device)
         self._captured.clear()
         try:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            logits = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra
+            ).logits
             aux = torch.cat([self._captured[i] for i in self.info.aux_layer_ids], dim=-1)
             hidden = self._captured["head"]
         finally:
