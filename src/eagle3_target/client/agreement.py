@@ -23,9 +23,17 @@ class Agreement:
     p2p: P2PChannel | None = None
 
     @classmethod
-    def make(cls, url: str, info: ModelInfo, encoding: str, data_path: str, timeout: float) -> Agreement:
+    def make(
+        cls, url: str, info: ModelInfo, encoding: str, data_path: str, timeout: float, packing: bool = False
+    ) -> Agreement:
         """The terms for a server offering ``info``: ``encoding`` as asked ("auto" allowed; EncodingError
-        if it does not offer it), a p2p channel where ``data_path`` and its offer allow one."""
+        if it does not offer it), a p2p channel where ``data_path`` and its offer allow one; with
+        ``packing``, EncodingError unless it honours NeMo's packed rows."""
+        if packing and not info.packing:
+            raise encodings.EncodingError(
+                f"{url} cannot compute packed rows (engine {info.engine or 'unknown'} offers no packing); "
+                "packed training needs hf servers"
+            )
         chosen = encodings.choose(encoding, encodings.offered(info), url)
         channel = P2PChannel(url, info, data_path, timeout=timeout) if wanted(info, data_path) else None
         return cls(info, chosen, channel)

@@ -208,7 +208,12 @@ class Membership:
         info, member.probed_info = member.probed_info or await member.conn.model_info(), None
         self.model.admit(member.url, info)
         agreement = Agreement.make(
-            member.url, info, self.options.encoding, self.options.data_path, self.options.request_timeout
+            member.url,
+            info,
+            self.options.encoding,
+            self.options.data_path,
+            self.options.request_timeout,
+            packing=self.options.packing,
         )
         sent = None
         while self.vocab_blob is not sent:  # again if it was replaced while we were sending

@@ -32,6 +32,8 @@ class PoolOptions:
     hedge_p99_factor: float = 5.0
     # "auto": per server, "logits" when offered, else "nemo" (both exact, so a mixed fleet agrees bit for bit)
     encoding: str = encodings.AUTO
+    # True: requests may carry NeMo's packing metadata; a server that cannot honour it is refused at join
+    packing: bool = False
 
     def __post_init__(self):
         if self.encoding not in encodings.CHOICES:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -15,6 +16,8 @@ from ._imports import nemo_module
 Eagle3TargetBackend = nemo_module("components.speculative.eagle.backend").Eagle3TargetBackend
 Eagle3TargetBatch = nemo_module("components.speculative.eagle.target").Eagle3TargetBatch
 
+# What NeMo's packed dataloader adds to a batch and its co-located target takes
+PACKING_BATCH_KEYS = ("position_ids", "seq_lens", "doc_remaining")
 POOL_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(PoolOptions))
 BACKEND_OPTION_NAMES = frozenset(inspect.signature(RemoteTargetBackend).parameters) - {
     "endpoints",
@@ -68,6 +71,7 @@ class NeMoTargetBackend(Eagle3TargetBackend):
     ):
         pool, backend_options = split_options(options)
         self.remote = RemoteTargetBackend(endpoints, auth_token=auth_token, options=pool, **backend_options)
+        self._noted: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
 
     @property
     def num_remote_servers(self) -> int:
@@ -92,14 +96,42 @@ class NeMoTargetBackend(Eagle3TargetBackend):
 
     @torch.no_grad()
     def generate_batch(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
     ) -> Eagle3TargetBatch:
-        return to_nemo_batch(self.remote.generate_batch(input_ids, attention_mask, loss_mask))
+        """NeMo's call; packed rows add position_ids, seq_lens and doc_remaining, as NeMo's co-located
+        target takes them."""
+        packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
+        return self.generate_batch_async(input_ids, attention_mask, loss_mask, **packing).result()
 
     def generate_batch_async(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
     ) -> NeMoBatchHandle:
-        return NeMoBatchHandle(self.remote.generate_batch_async(input_ids, attention_mask, loss_mask))
+        packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
+        if seq_lens is None and self._noted is not None and self._noted[0] is input_ids:
+            packing = self._noted[1]
+        return NeMoBatchHandle(
+            self.remote.generate_batch_async(input_ids, attention_mask, loss_mask, **packing)
+        )
+
+    def noting_packing(self, batches: Iterable[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+        """NeMo's dataloader batches, each packed one's metadata noted under its input_ids: NeMo's prefetch
+        loop hands generate_batch_async only input_ids, attention_mask and loss_mask, right after each batch."""
+        for batch in batches:
+            if "seq_lens" in batch:
+                self._noted = (batch["input_ids"], {k: batch[k] for k in PACKING_BATCH_KEYS})
+            yield batch
 
     def close(self) -> None:
         self.remote.close()
