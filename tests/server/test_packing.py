@@ -41,7 +41,7 @@ def packed_row() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 async def test_a_packed_row_is_its_documents_computed_alone():
     async with serve(lambda: HFRunner(build_tiny_llama(seed=2), name="tiny")) as srv:
         async with srv.http.post(f"{srv.url}/model_info") as resp:
-            assert (await resp.json())["packing"] is True
+            assert "packing" in (await resp.json())["features"]
         await srv.post("set_vocab_mapping", vocab_body(torch.arange(V), torch.ones(V, dtype=torch.bool)))
         ids, positions, seq_lens = packed_row()
         packed = await supervise(srv, body(ids, positions, seq_lens))
@@ -62,7 +62,7 @@ async def test_a_packed_row_is_its_documents_computed_alone():
 async def test_a_runner_without_packing_says_so_and_refuses_packed_rows():
     async with serve(lambda: SyntheticRunner(vocab_size=V)) as srv:
         async with srv.http.post(f"{srv.url}/model_info") as resp:
-            assert (await resp.json())["packing"] is False
+            assert "packing" not in (await resp.json()).get("features", [])
         await srv.post("set_vocab_mapping", vocab_body(torch.arange(8), torch.ones(V, dtype=torch.bool)))
         ids, positions, seq_lens = packed_row()
         async with srv.http.post(f"{srv.url}/generate", data=body(ids, positions, seq_lens)) as resp:

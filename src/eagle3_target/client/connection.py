@@ -172,6 +172,12 @@ class ServerConnection:
         _, tensors = await self.post_tensors(contract.LM_HEAD, timeout=self._stall_timeout())
         return tensors
 
+    async def weight(self, name: str) -> dict[str, torch.Tensor | None]:
+        """A whole weight of the target, as sent (our extension: /weights/<name>)."""
+        path = f"{contract.WEIGHTS}/{name}"
+        _, tensors = await self.post_tensors(path, timeout=self._stall_timeout())
+        return tensors
+
     def _stall_timeout(self) -> aiohttp.ClientTimeout:
         """For big bodies: no total timeout, only one between reads."""
         return aiohttp.ClientTimeout(sock_read=self.timeout.total)

@@ -21,12 +21,13 @@ import aiohttp
 import torch
 
 from eagle3_target.protocol import encodings
+from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
 from .endpoints import EndpointResolver
 from .errors import BatchFailedError
-from .fetch import Reply, fetch_lm_head, fetch_supervision
+from .fetch import Reply, fetch_capture, fetch_lm_head, fetch_supervision, fetch_weight
 from .head_rows import HeadRowsCache
 from .membership import Member, Membership, MemberState, short
 from .options import PoolOptions
@@ -107,6 +108,20 @@ class TargetPool:
             return reply
 
         return await self.with_failover(call, what="/generate", hedge=True)
+
+    async def capture(
+        self, request: bytes, batch: int, seq: int, draft_vocab: int, features: Features
+    ) -> Reply:
+        async def call(member: Member) -> Reply:
+            blob, shape = self.membership.vocab_blob, (batch, seq, draft_vocab)
+            return await fetch_capture(member.conn, member.agreement, request, shape, blob, features)
+
+        return await self.with_failover(call, what="/generate", hedge=True)
+
+    async def weight(self, name: str) -> torch.Tensor:
+        return await self.with_failover(
+            lambda m: fetch_weight(m.conn, m.agreement, name), what=f"/weights/{name}"
+        )
 
     async def input_embeddings(self) -> torch.Tensor:
         return await self.with_failover(lambda m: m.conn.input_embeddings(), what="/input_embeddings")

@@ -63,6 +63,15 @@ def parse_generate(body: bytearray, vocab_size: int, max_tokens: int) -> dict[st
     return tensors
 
 
+def packing_offered(inputs: dict[str, torch.Tensor], offered: bool, engine: str) -> None:
+    if "seq_lens" in inputs and not offered:
+        raise InvalidInput(
+            "packing_not_offered",
+            f"this server's {engine} runner cannot honour packed rows (a block-causal mask); "
+            "send unpacked rows or use an hf server",
+        )
+
+
 def check_packing(
     position_ids: torch.Tensor | None, seq_lens: torch.Tensor | None, shape: torch.Size
 ) -> None:

@@ -18,24 +18,27 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle3_target.protocol import contract, encodings
+from eagle3_target.protocol import capture, contract, encodings
+from eagle3_target.protocol.contract import PACKING_KEYS
+from eagle3_target.protocol.features import CAN_PACKING, LOGITS_DRAFT_PROBS, FeatureError, Features
 from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
-from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
+from .errors import InvalidInput, NotReady, NoVocabMapping, OutOfRange, TooLarge
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .p2p.group import Transfer
 from .p2p.groups import P2PGroups
-from .request import parse_generate, parse_vocab_mapping
+from .request import packing_offered, parse_generate, parse_vocab_mapping
 from .runners import HiddenStateRunner, TargetRunner
-from .runners.base import Packing
+from .runners.base import Capture, ForwardInputs
 from .sessions import PEER_PREFIX, Session, SessionTable
 
 log = logging.getLogger(__name__)
 
 INIT_P2P_MAX_BYTES = 64 << 10  # a small JSON object, parsed on the event loop
 WARMUP_TOKENS = 8
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "seq_lens")  # ForwardInputs' fields
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class GenerateRequest:
     encoding: str = encodings.NEMO
     p2p: bool = False  # the client asks for the tensors over its session's p2p group
     sequence: str | None = None  # our client's p2p transfer number; NeMo's sends none
+    features: str | None = None  # X-Eagle3-Features (protocol/features.py); NeMo's clients send none
 
 
 @dataclass
@@ -58,6 +62,13 @@ class Answer:
     tokens: int  # B x S of the request
     timings: dict[str, float]  # seconds per phase, for Server-Timing and the phase histogram
     transfer: Transfer | None  # set: deliver over p2p after the metadata; None: over the wire
+    features: Features | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The reply's echo of what it carries: the features asked, else the encoding."""
+        if self.features is not None:
+            return {contract.FEATURES_HEADER: self.features.to_header()}
+        return {contract.ENCODING_HEADER: self.encoding}
 
 
 @dataclass
@@ -65,10 +76,11 @@ class _Job:
     """A validated /generate for the model thread."""
 
     runner: TargetRunner
-    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask (+ position_ids, seq_lens: packed)
-    vocab: VocabMapping  # the session's, taken once: a new mapping does not change a running request
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask
+    vocab: VocabMapping | None  # the session's, taken once; None for features that need none
     encoding: str
     timings: dict[str, float] = field(default_factory=dict)
+    features: Features | None = None  # a feature request instead of an encoding
 
 
 class TargetService:
@@ -217,6 +229,17 @@ class TargetService:
         ids = _vocab(session).selected_token_ids
         return await self._on_model_thread(lambda: runner.lm_head_rows(ids).cpu())
 
+    async def weight(self, session_id: str, name: str) -> torch.Tensor:
+        """Our extension: a whole weight a trainer fetches once (features.py WEIGHT_NAMES), in host memory."""
+        runner = self.ready_runner()
+        self.sessions.touch(session_id)
+        if name not in runner.info.weights:
+            offered = ", ".join(runner.info.weights) or "none"
+            raise InvalidInput(
+                "weight_not_offered", f"no weight {name[:64]!r} here; this server offers {offered}"
+            )
+        return await self._on_model_thread(lambda: runner.weight(name).detach().cpu())
+
     async def init_p2p(self, session_id: str, address: str, body: bytes) -> dict:
         """/init_nccl: reserve a port on ``address`` (where the request arrived) for the session's group."""
         runner = self.ready_runner()
@@ -240,9 +263,11 @@ class TargetService:
         inputs = await asyncio.to_thread(
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
+        features = _features(runner, request)
         encoding = _offered(runner, request.encoding)
-        _packing_offered(runner, inputs)
-        job = _Job(runner, inputs, _vocab(session), encoding)
+        packing_offered(inputs, CAN_PACKING in runner.info.features, runner.info.engine)
+        needs_vocab = features is None or features.logits == LOGITS_DRAFT_PROBS
+        job = _Job(runner, inputs, _vocab(session) if needs_vocab else None, encoding, features=features)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
             if transfer is not None:
@@ -252,8 +277,10 @@ class TargetService:
 
     async def _run(self, job: _Job, transfer: Transfer | None) -> Answer:
         async with self._compute_lock:
-            supervision = await self._on_model_thread(_supervise, job, transfer is None)
-        return Answer(supervision, job.encoding, job.inputs["input_ids"].numel(), job.timings, transfer)
+            work = _supervise if job.features is None else _capture
+            supervision = await self._on_model_thread(work, job, transfer is None)
+        tokens = job.inputs["input_ids"].numel()
+        return Answer(supervision, job.encoding, tokens, job.timings, transfer, job.features)
 
     def delivered(self, answer: Answer, path: str, nbytes: int) -> None:
         """Count a delivered answer: its phases, its tokens, its bytes by path (wire or p2p)."""
@@ -277,13 +304,23 @@ def _offered(runner: TargetRunner, encoding: str) -> str:
     return encoding
 
 
-def _packing_offered(runner: TargetRunner, inputs: dict[str, torch.Tensor]) -> None:
-    if "seq_lens" in inputs and not runner.info.packing:
-        raise InvalidInput(
-            "packing_not_offered",
-            f"this server's {runner.info.engine} runner cannot honour packed rows (a block-causal mask); "
-            "send unpacked rows or use an hf server",
-        )
+def _features(runner: TargetRunner, request: GenerateRequest) -> Features | None:
+    """The request's features, checked against the runner before any work; None: EAGLE-3's encodings."""
+    if request.features is None:
+        return None
+    if request.encoding != encodings.NEMO:
+        raise InvalidInput("features_with_encoding", "a feature request takes no encoding header")
+    if request.p2p:
+        raise InvalidInput("features_over_p2p", "feature replies go over the wire only")
+    info = runner.info
+    try:
+        features = Features.from_header(request.features)
+        features.check(info.num_hidden_layers, info.features, f"this server ({info.engine})")
+    except FeatureError as exc:
+        raise (OutOfRange if exc.error == "layer_out_of_range" else InvalidInput)(
+            exc.error, exc.detail
+        ) from None
+    return features
 
 
 def _same(a: VocabMapping, b: VocabMapping) -> bool:
@@ -313,13 +350,12 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     start = time.perf_counter()
     input_ids = inputs["input_ids"].to(device)
     attention_mask = inputs["attention_mask"].to(device)
-    # passed only when packed: runners that offer no packing do not take the argument
-    packed = (Packing(inputs["position_ids"], inputs["seq_lens"]),) if "seq_lens" in inputs else ()
+    packed = {k: inputs[k].to(device) for k in PACKING_KEYS if k in inputs}  # offered: packing_offered
     hidden = None
     if job.encoding == encodings.HIDDEN and isinstance(runner, HiddenStateRunner):
-        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask, *packed)
+        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask, **packed)
     else:
-        logits, aux = runner.forward(input_ids, attention_mask, *packed)
+        logits, aux = runner.forward(input_ids, attention_mask, **packed)
     if logits.is_cuda:  # CUDA runs ahead of the host: wait, or the forward's time lands in the projection's
         torch.cuda.synchronize(logits.device)
     job.timings["forward"] = time.perf_counter() - start
@@ -331,6 +367,29 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     supervision = _to_host(supervision) if to_host else {k: v.contiguous() for k, v in supervision.items()}
     job.timings["projection"] = time.perf_counter() - start
     return supervision
+
+
+def _capture(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
+    """On the model thread: one capture of what the features ask, assembled into the reply."""
+    runner, inputs = job.runner, job.inputs
+    device = runner.info.device
+    start = time.perf_counter()
+    forward = ForwardInputs(
+        **{k: inputs[k].to(device) for k in FORWARD_KEYS if inputs.get(k) is not None},
+    )
+    got = runner.capture(forward, Capture.of(job.features))
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    job.timings["forward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    loss_mask = inputs["loss_mask"].to(device)
+    out = capture.reply(
+        job.features, got.hidden_states, got.final_hidden, got.logits, forward.input_ids, loss_mask, job.vocab
+    )
+    del got
+    out = _to_host(out) if to_host else out
+    job.timings["projection"] = time.perf_counter() - start
+    return out
 
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
+from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import (
     ModelInfo,
     config_digest,
     default_aux_layer_ids,
     validate_aux_layer_ids,
 )
+
+from ..errors import InvalidInput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,13 +29,6 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}") from None
-
-
-class Packing(NamedTuple):
-    """NeMo's packed rows: several documents per row, each attending only to itself (block-causal)."""
-
-    position_ids: torch.Tensor  # [B, S] int64, restarting at 0 in each document
-    seq_lens: torch.Tensor  # [B, D] int64, document lengths, 0-padded; each row sums to S
 
 
 @dataclass(frozen=True)
@@ -50,8 +46,9 @@ class RunnerInfo:
     config: dict[str, Any] = field(default_factory=dict)
     # "hidden" only from runners that are also a HiddenStateRunner
     encodings: tuple[str, ...] = EXACT_ENCODINGS
-    # whether forward takes NeMo's packing metadata and computes under its block-causal mask
-    packing: bool = False
+    # What capture() can give (protocol/features.py CAN_*) and which weights weight() hands out
+    features: tuple[str, ...] = ()
+    weights: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -78,9 +75,52 @@ class RunnerInfo:
             dtype=str(self.dtype).removeprefix("torch."),
             config_digest=self.config_digest,
             encodings=self.encodings,
-            packing=self.packing,
+            features=self.features,
+            weights=self.weights,
             **per_server,
         )
+
+
+@dataclass(frozen=True)
+class ForwardInputs:
+    """One batch for a forward. ``position_ids`` and ``seq_lens`` are NeMo's packing metadata
+    ([B, S] and [B, max_docs]); a runner that cannot honour them refuses (``refuse_packing``)."""
+
+    input_ids: torch.Tensor  # int64 [B, S], on the runner's device
+    attention_mask: torch.Tensor  # [B, S]
+    position_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None or self.seq_lens is not None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What one capture() must compute, and nothing more."""
+
+    layers: tuple[int, ...] = ()  # decoder-layer outputs before the final norm; -1: the embedding output
+    final_hidden: bool = False  # the post-norm last hidden state
+    logits: bool = False  # full-vocabulary logits, unshifted
+
+    @classmethod
+    def of(cls, features: Features) -> Capture:
+        return cls(features.layers, features.final_hidden, features.logits != "none")
+
+
+@dataclass
+class Captured:
+    """capture()'s tensors, on the runner's device; None where not asked."""
+
+    hidden_states: torch.Tensor | None = None  # [B, S, len(layers) * H], in the asked order
+    final_hidden: torch.Tensor | None = None  # [B, S, H]
+    logits: torch.Tensor | None = None  # [B, S, V]
+
+
+def refuse_packing(inputs: ForwardInputs, engine: str) -> None:
+    if inputs.packed:
+        raise InvalidInput("packing_not_offered", f"the {engine} engine cannot run packed sequences")
 
 
 @runtime_checkable
@@ -90,15 +130,24 @@ class TargetRunner(Protocol):
     info: RunnerInfo
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **packed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device.
 
-        ``packing`` comes only to a runner whose info offers it (the service refuses it otherwise)."""
+        ``packed``: position_ids and seq_lens of NeMo's packed rows, given only where ``info.features``
+        offers packing (the service refuses them elsewhere)."""
         ...
 
     def input_embeddings(self) -> torch.Tensor:
         """The input-embedding weight [V, H], whole."""
+        ...
+
+    def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:
+        """One forward computing only ``want`` (what ``info.features`` offers); InvalidInput for the rest."""
+        ...
+
+    def weight(self, name: str) -> torch.Tensor:
+        """A weight of ``info.weights`` (protocol/features.py WEIGHT_NAMES), whole."""
         ...
 
     def close(self) -> None:
@@ -114,7 +163,7 @@ class HiddenStateRunner(TargetRunner, Protocol):
     """
 
     def forward_hidden(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """forward's logits and aux hidden states, plus the final normed hidden states [B, S, H]."""
         ...
@@ -128,9 +177,8 @@ class FinalHiddenRunner:
     """A runner that also captures the final normed hidden state: ``forward`` drops it."""
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: Packing | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **packed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Runners that do not offer packing need not take the argument: it is passed only when given.
-        extra = () if packing is None else (packing,)
-        logits, aux, _ = self.forward_hidden(input_ids, attention_mask, *extra)
+        # packed (position_ids, seq_lens) only comes to a runner whose features offer packing
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask, **packed)
         return logits, aux
