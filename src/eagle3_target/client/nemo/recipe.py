@@ -1,54 +1,16 @@
-"""NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section.
-
-remote_target:
-  endpoints: srv://_http._tcp.llama-targets.default.svc.cluster.local  # default: $EAGLE3_TARGET_SERVICE
-  auth_token_file: /var/run/eagle3-target/token  # default: $EAGLE3_TARGET_AUTH_TOKEN_FILE
-  wait_timeout: 60  # seconds to let the discovered servers join before NeMo sizes its prefetch
-  max_in_flight: 1  # ... and any other client option (PoolOptions fields, nameserver, device)
-  seed: 42  # optional: seed torch before setup (NeMo's recipe, and ours without it, keep the caller's seed)
-"""
+"""NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section
+(remote.py describes it)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
-from ..endpoints import EndpointError, default_spec, parse_specs, read_auth_token
 from ._imports import nemo_module
-from .backend import NeMoTargetBackend, split_options
+from .backend import NeMoTargetBackend
+from .remote import RemoteTargetSection
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 
-DEFAULT_WAIT_TIMEOUT = 60.0
 
-
-def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """NeMoTargetBackend's keyword arguments and the join wait, from the ``remote_target`` section."""
-    options = dict(section)
-    endpoints = options.pop("endpoints", None) or default_spec()
-    parse_specs(endpoints if isinstance(endpoints, str) else ",".join(endpoints))  # fail before NeMo loads
-    token_file = options.pop("auth_token_file", None)
-    wait_timeout = float(options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
-    try:
-        token = read_auth_token(token_file)
-    except EndpointError as exc:
-        raise EndpointError(f"remote_target.auth_token_file={exc}" if token_file else str(exc)) from None
-    split_options(options)  # a misspelt option fails here too
-    return dict(endpoints=endpoints, auth_token=token, **options), wait_timeout
-
-
-def seed_setting(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"remote_target.seed={value!r}: an integer, or leave it out to keep the caller's seed"
-        )
-    return value
-
-
-class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
+class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
     """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
     def __init__(self, cfg):
@@ -65,18 +27,7 @@ class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
                     "name the fleet with remote_target.endpoints instead"
                 )
         cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
-        section = cfg.get("remote_target", None)
-        settings = section.to_dict() if section is not None else {}
-        self.seed = seed_setting(settings.pop("seed", None))
-        self.remote_target = backend_settings(settings)
         super().__init__(cfg)
-
-    def setup(self):
-        # NeMo builds the draft's initial weights from torch's global RNG, which its recipe leaves to the
-        # caller; only an explicit remote_target.seed seeds it here.
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
-        super().setup()
 
     def _setup_online_target(self, recipe_cfg, target_path, draft_base_config):
         packed = int(recipe_cfg.get("packed_sequence_size", 0) or 0)
