@@ -12,6 +12,7 @@ import torch
 from ..backend import BatchHandle, RemoteTargetBackend, TargetBatch
 from ..options import PoolOptions
 from ._imports import nemo_module
+from .ranks import fetched_once
 
 Eagle3TargetBackend = nemo_module("components.speculative.eagle.backend").Eagle3TargetBackend
 Eagle3TargetBatch = nemo_module("components.speculative.eagle.target").Eagle3TargetBatch
@@ -67,11 +68,19 @@ class NeMoTargetBackend(Eagle3TargetBackend):
     """
 
     def __init__(
-        self, endpoints: str | list[str] | None = None, auth_token: str | None = None, **options: Any
+        self,
+        endpoints: str | list[str] | None = None,
+        auth_token: str | None = None,
+        *,
+        ranks_share_weights: bool = False,
+        **options: Any,
     ):
         pool, backend_options = split_options(options)
         self.remote = RemoteTargetBackend(endpoints, auth_token=auth_token, options=pool, **backend_options)
         self._noted: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
+        # every rank of a torchrun job calls get_input_embeddings in NeMo's setup: rank 0 fetches for all
+        self._ranks_share_weights = ranks_share_weights
+        self._embeddings: torch.nn.Embedding | None = None
 
     @property
     def num_remote_servers(self) -> int:
@@ -92,7 +101,13 @@ class NeMoTargetBackend(Eagle3TargetBackend):
         self.remote.set_vocab_mapping(selected_token_ids, selected_token_mask)
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
-        return self.remote.get_input_embeddings()
+        if not self._ranks_share_weights:
+            return self.remote.get_input_embeddings()
+        if self._embeddings is None:
+            device = self.remote.device or torch.device("cpu")
+            weight = fetched_once(lambda: self.remote.get_input_embeddings().weight, device)
+            self._embeddings = torch.nn.Embedding.from_pretrained(weight.to(device), freeze=True)
+        return self._embeddings
 
     @torch.no_grad()
     def generate_batch(

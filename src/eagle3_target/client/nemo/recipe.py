@@ -58,7 +58,9 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
         kwargs, wait_timeout = self.remote_target
         packing = int(recipe_cfg.get("packed_sequence_size", 0) or 0) > 0
         self.target_model = None
-        self.target_wrapper = NeMoTargetBackend(device=self.device, **{**kwargs, "packing": packing})
+        self.target_wrapper = NeMoTargetBackend(
+            device=self.device, ranks_share_weights=True, **{**kwargs, "packing": packing}
+        )
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
         self.target_wrapper.wait_for_servers(wait_timeout)
