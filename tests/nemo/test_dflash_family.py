@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from eagle3_target.client import RemoteTargetBackend
+from eagle3_target.client.nemo.prefetch import PrefetchedBatches
 
 from .exactness import (
     SEED,
@@ -91,6 +92,23 @@ def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
     ours = run_remote(FAMILIES[recipe], target, [s.url for s in fleet], tmp_path)
     assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
     assert_exact(ours, references(recipe))
+
+
+def test_jetspecs_compact_request_trains_as_exactly(target, fleet, references, tmp_path, monkeypatch):
+    """remote_target.compact: the post-norm hidden state instead of [B, S, V] logits, the lm_head applied on the
+    trainer: on the CPU the same product as the target's, so the same bits."""
+    replies = []
+    take = PrefetchedBatches.take
+
+    def recorded(self, *args):
+        reply = take(self, *args)
+        replies.append(sorted(reply))
+        return reply
+
+    monkeypatch.setattr(PrefetchedBatches, "take", recorded)
+    ours = run_remote(FAMILIES["TrainJetSpecRecipe"], target, [s.url for s in fleet], tmp_path, compact=True)
+    assert replies and all(keys == ["final_hidden", "hidden_states"] for keys in replies), replies
+    assert_exact(ours, references("TrainJetSpecRecipe"))
 
 
 def test_a_server_sigkilled_mid_run_changes_nothing(target, fleet, references, tmp_path):

@@ -74,6 +74,8 @@ def test_the_docs_dflash_recipe_is_one_the_remote_recipe_accepts(monkeypatch, tm
         ("--recipe=TrainVispecRecipe", "recipe: TrainVispecRecipe is not a recipe the fleet trains"),
         ("--distributed.tp_size=2", "distributed.tp_size>1 shards a co-located target"),
         ("--remote_target.prefetch_depth=0", "remote_target.prefetch_depth=0: a positive integer"),
+        ("--remote_target.compact=true", "TrainDFlashRecipe has no compact request"),
+        ("--remote_target.compact=3", "remote_target.compact=3: true or false"),
     ],
 )
 def test_train_draft_refuses_a_bad_family_config_in_one_line(override, message, tmp_path, capsys):

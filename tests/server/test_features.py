@@ -1,6 +1,7 @@
 """Feature requests on the server: each family's tensors bit for bit as NeMo's co-located target wrappers
 compute them (HF runner, CPU float32), the synthetic runner's, the 4xx answers, and /weights/<name>."""
 
+import dataclasses
 import json
 
 import pytest
@@ -132,7 +133,7 @@ class LayersOnly(SyntheticRunner):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.info = type(self.info)(**{**self.info.__dict__, "features": ("layers",)})
+        self.info = dataclasses.replace(self.info, features=("layers",))
 
 
 async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_serving():
@@ -147,6 +148,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             (Features(final_hidden=True).to_header(), 400, "feature_not_offered"),
             (Features(layers=(-1,)).to_header(), 400, "feature_not_offered"),
             ("{not json", 400, "bad_features"),
+            ("[" * 3000, 400, "bad_features"),
+            ('{"layers":' + "[" * 2000 + "]" * 2000 + "}", 400, "bad_features"),
             ('{"layers":[1],"colour":"red"}', 400, "bad_features"),
             ("{}", 400, "bad_features"),
             ('{"logits":"full","shift":"yes"}', 400, "bad_features"),

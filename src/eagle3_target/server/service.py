@@ -18,27 +18,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle3_target.protocol import capture, contract, encodings
+from eagle3_target.protocol import contract, encodings
 from eagle3_target.protocol.contract import PACKING_KEYS
-from eagle3_target.protocol.features import CAN_PACKING, LOGITS_DRAFT_PROBS, FeatureError, Features
+from eagle3_target.protocol.features import CAN_PACKING, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
-from .errors import InvalidInput, NotReady, NoVocabMapping, OutOfRange, TooLarge
+from . import features
+from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .p2p.group import Transfer
 from .p2p.groups import P2PGroups
 from .request import packing_offered, parse_generate, parse_vocab_mapping
 from .runners import HiddenStateRunner, TargetRunner
-from .runners.base import Capture, ForwardInputs
 from .sessions import PEER_PREFIX, Session, SessionTable
 
 log = logging.getLogger(__name__)
 
 INIT_P2P_MAX_BYTES = 64 << 10  # a small JSON object, parsed on the event loop
 WARMUP_TOKENS = 8
-FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "seq_lens")  # ForwardInputs' fields
 
 
 @dataclass(frozen=True)
@@ -263,11 +262,11 @@ class TargetService:
         inputs = await asyncio.to_thread(
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
-        features = _features(runner, request)
+        asked = features.requested(runner.info, request.features, request.encoding, request.p2p)
         encoding = _offered(runner, request.encoding)
         packing_offered(inputs, CAN_PACKING in runner.info.features, runner.info.engine)
-        needs_vocab = features is None or features.logits == LOGITS_DRAFT_PROBS
-        job = _Job(runner, inputs, _vocab(session) if needs_vocab else None, encoding, features=features)
+        vocab = _vocab(session) if asked is None or asked.logits == LOGITS_DRAFT_PROBS else None
+        job = _Job(runner, inputs, vocab, encoding, features=asked)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
             if transfer is not None:
@@ -302,25 +301,6 @@ def _offered(runner: TargetRunner, encoding: str) -> str:
             f"encoding {encoding!r} is not offered; this server offers {', '.join(runner.info.encodings)}",
         )
     return encoding
-
-
-def _features(runner: TargetRunner, request: GenerateRequest) -> Features | None:
-    """The request's features, checked against the runner before any work; None: EAGLE-3's encodings."""
-    if request.features is None:
-        return None
-    if request.encoding != encodings.NEMO:
-        raise InvalidInput("features_with_encoding", "a feature request takes no encoding header")
-    if request.p2p:
-        raise InvalidInput("features_over_p2p", "feature replies go over the wire only")
-    info = runner.info
-    try:
-        features = Features.from_header(request.features)
-        features.check(info.num_hidden_layers, info.features, f"this server ({info.engine})")
-    except FeatureError as exc:
-        raise (OutOfRange if exc.error == "layer_out_of_range" else InvalidInput)(
-            exc.error, exc.detail
-        ) from None
-    return features
 
 
 def _same(a: VocabMapping, b: VocabMapping) -> bool:
@@ -370,25 +350,11 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
 
 
 def _capture(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
-    """On the model thread: one capture of what the features ask, assembled into the reply."""
-    runner, inputs = job.runner, job.inputs
-    device = runner.info.device
+    """On the model thread: the feature request's capture and reply, moved to host memory for the wire."""
+    out = features.capture(job.runner, job.inputs, job.features, job.vocab, job.timings)
     start = time.perf_counter()
-    forward = ForwardInputs(
-        **{k: inputs[k].to(device) for k in FORWARD_KEYS if inputs.get(k) is not None},
-    )
-    got = runner.capture(forward, Capture.of(job.features))
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    job.timings["forward"] = time.perf_counter() - start
-    start = time.perf_counter()
-    loss_mask = inputs["loss_mask"].to(device)
-    out = capture.reply(
-        job.features, got.hidden_states, got.final_hidden, got.logits, forward.input_ids, loss_mask, job.vocab
-    )
-    del got
     out = _to_host(out) if to_host else out
-    job.timings["projection"] = time.perf_counter() - start
+    job.timings["projection"] += time.perf_counter() - start
     return out
 
 

@@ -53,11 +53,16 @@ class RemoteDFlashTarget:
     """NeMo's HFDFlashTargetModel as the recipe calls it, with the forward on the fleet."""
 
     def __init__(
-        self, backend: RemoteTargetBackend, target_layer_ids: list[int], prefetched: PrefetchedBatches
+        self,
+        backend: RemoteTargetBackend,
+        target_layer_ids: list[int],
+        prefetched: PrefetchedBatches,
+        lm_head: torch.nn.Module | None = None,
     ):
         self.backend = backend
         self.target_layer_ids = list(target_layer_ids)  # NeMo saves them in dflash_meta.pt
         self.prefetched = prefetched
+        self.lm_head = lm_head  # set for the compact request: the logits from the final hidden state, here
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
         return self.backend.get_input_embeddings()
@@ -73,6 +78,9 @@ class RemoteDFlashTarget:
         doc_remaining: torch.Tensor | None = None,
     ):
         captured = self.prefetched.take(input_ids, attention_mask, loss_mask, position_ids, seq_lens)
+        if self.lm_head is not None:
+            # What the target's forward does after its final norm: the same product, on the trainer.
+            captured["logits"] = self.lm_head(captured.pop("final_hidden"))
         return _target.DFlashTargetBatch(
             hidden_states=captured["hidden_states"],
             input_ids=input_ids,
@@ -109,7 +117,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
     """Mixed in before one of NeMo's DFlash-family recipes: the target is the fleet."""
 
     family: Family
-    recipe_keys = ("prefetch_depth",)
+    recipe_keys = ("prefetch_depth", "compact")
 
     def _build_target_model(self, recipe_cfg, target_path: str, draft_spec) -> RemoteTargetModel:
         self._setup_draft_meshes()
@@ -127,6 +135,13 @@ class RemoteDFlashRecipe(RemoteTargetSection):
                 )
         super().__init__(cfg)
         self.prefetch_depth = depth_setting(self.recipe_settings.get("prefetch_depth"))
+        self.compact = self.recipe_settings.get("compact", False)
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
+        if self.compact and self.family.compact is None:
+            raise ValueError(
+                f"remote_target.compact: {type(self).__name__} has no compact request; its exact one is small"
+            )
 
     def _setup_draft_meshes(self) -> None:
         """NeMo's meshes for the draft's data parallelism; the fleet, not the trainer, shards the target."""
@@ -152,7 +167,9 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             endpoints,
             auth_token=token,
             options=pool,
-            features=self.family.ask(target_layer_ids, self.num_target_layers()),
+            features=(self.family.compact if self.compact else self.family.ask)(
+                target_layer_ids, self.num_target_layers()
+            ),
             **backend_kwargs,
         )
         try:
@@ -162,7 +179,8 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             backend.close()
             raise
         prefetched = PrefetchedBatches(backend, self.prefetch_depth)
-        return RemoteDFlashTarget(backend, target_layer_ids, prefetched)
+        lm_head = self.target_model.get_output_embeddings() if self.compact else None
+        return RemoteDFlashTarget(backend, target_layer_ids, prefetched, lm_head)
 
     def run_train_validation_loop(self):
         try:

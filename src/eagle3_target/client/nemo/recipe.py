@@ -1,5 +1,10 @@
 """NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section
-(remote.py describes it)."""
+(remote.py describes it).
+
+With ``recipe_args.parallel_drafting: true`` (P-EAGLE) the fleet sends what NeMo's co-located target
+computes (peagle.py); ``remote_target.compact: true`` has it send the post-norm hidden state instead of
+full-vocabulary logits, and the trainer applies the target's lm_head.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 
 class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
     """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+
+    recipe_keys = ("compact",)
 
     def __init__(self, cfg):
         backend = cfg.get("recipe_args.target_model_backend", "remote")
@@ -26,8 +33,20 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
                     f"recipe_args.{nemo_key} configures NeMo's own client; "
                     "name the fleet with remote_target.endpoints instead"
                 )
-        cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
+        self.parallel_drafting = bool(cfg.get("recipe_args.parallel_drafting", False))
+        # P-EAGLE: NeMo's gate admits only a co-located target, whose loader is the hook taken over below.
+        cfg.set_by_dotted(
+            "recipe_args.target_model_backend", "colocated" if self.parallel_drafting else "remote"
+        )
         super().__init__(cfg)
+        self.compact = self.recipe_settings.get("compact", False)
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
+        if self.compact and not self.parallel_drafting:
+            raise ValueError(
+                "remote_target.compact applies to P-EAGLE (parallel_drafting: true); "
+                "EAGLE-3 takes draft-vocabulary supervision (remote_target.encoding)"
+            )
 
     def _setup_online_target(self, recipe_cfg, target_path, draft_base_config):
         packed = int(recipe_cfg.get("packed_sequence_size", 0) or 0)
@@ -64,3 +83,19 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
         self.target_wrapper.wait_for_servers(wait_timeout)
+
+    def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
+        # Reached only for P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
+        from .peagle import open_peagle_target
+
+        for axis in ("cp_size", "tp_size"):
+            if int(self.cfg.get(f"distributed.{axis}", 1) or 1) > 1:
+                raise ValueError(f"distributed.{axis}>1 shards a co-located target; the fleet runs it whole")
+        self.target_model = None
+        self.target_wrapper = open_peagle_target(
+            self.remote_target,
+            self.device,
+            recipe_cfg.get("aux_layer_ids", None),
+            draft_base_config.num_hidden_layers,
+            self.compact,
+        )

@@ -118,6 +118,19 @@ class Captured:
     logits: torch.Tensor | None = None  # [B, S, V]
 
 
+def zero_capture(info: RunnerInfo, shape: torch.Size, want: Capture, device) -> Captured:
+    """What a batch of empty rows captures: zeros of the asked shapes (packed-row engines run no prefill)."""
+
+    def zeros(width: int) -> torch.Tensor:
+        return torch.zeros(*shape, width, dtype=info.dtype, device=device)
+
+    return Captured(
+        zeros(len(want.layers) * info.hidden_size) if want.layers else None,
+        zeros(info.hidden_size) if want.final_hidden else None,
+        zeros(info.vocab_size) if want.logits else None,
+    )
+
+
 def refuse_packing(inputs: ForwardInputs, engine: str) -> None:
     if inputs.packed:
         raise InvalidInput("packing_not_offered", f"the {engine} engine cannot run packed sequences")
