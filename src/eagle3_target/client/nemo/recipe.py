@@ -65,13 +65,11 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
         finally:
             self.cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
 
-    def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
-        # reached only from the packed path above: the fleet stands in for NeMo's co-located target
-        self._setup_remote_target(recipe_cfg)
-
     def _prefetched_batches(self, dataloader):
         # NeMo's prefetch loop passes the target input_ids, attention_mask and loss_mask only
-        return super()._prefetched_batches(self.target_wrapper.noting_packing(dataloader))
+        if isinstance(self.target_wrapper, NeMoTargetBackend):
+            dataloader = self.target_wrapper.noting_packing(dataloader)
+        return super()._prefetched_batches(dataloader)
 
     def _setup_remote_target(self, recipe_cfg):
         kwargs, wait_timeout = self.remote_target
@@ -85,7 +83,10 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
         self.target_wrapper.wait_for_servers(wait_timeout)
 
     def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
-        # Reached only for P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
+        if not self.parallel_drafting:
+            # packed rows (_setup_online_target): the fleet stands in for NeMo's co-located target
+            return self._setup_remote_target(recipe_cfg)
+        # P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
         from .peagle import open_peagle_target
 
         for axis in ("cp_size", "tp_size"):
