@@ -40,6 +40,10 @@ DEFAULT_PORT = 8001  # HTTP; NeMo's default too
 SUPERVISION_KEYS = ("aux_hidden_states", "target_probs", "position_mask", "input_ids", "loss_mask")
 GENERATE_INPUT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 VOCAB_KEYS = ("selected_token_ids", "selected_token_mask")
+# Our extension: NeMo's sequence-packing metadata, both or neither, that a /generate body may add where
+# /model_info offers "packing": position_ids [B, S] (per document) and seq_lens [B, D] (document lengths,
+# 0-padded, each row summing to S). NeMo's doc_remaining only gates the trainer's loss: it stays there.
+PACKING_KEYS = ("position_ids", "seq_lens")
 
 # NeMo's p2p header: request "my group is up", response "tensors follow".
 NCCL_HEADER = "X-NeMo-NCCL"

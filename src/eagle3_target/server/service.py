@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle3_target.protocol import contract, encodings
-from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
+from eagle3_target.protocol.contract import PACKING_KEYS
+from eagle3_target.protocol.features import CAN_PACKING, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
@@ -29,7 +30,7 @@ from .metrics import ServerMetrics
 from .options import ServerOptions
 from .p2p.group import Transfer
 from .p2p.groups import P2PGroups
-from .request import parse_generate, parse_vocab_mapping
+from .request import packing_offered, parse_generate, parse_vocab_mapping
 from .runners import HiddenStateRunner, TargetRunner
 from .sessions import PEER_PREFIX, Session, SessionTable
 
@@ -263,6 +264,7 @@ class TargetService:
         )
         asked = features.requested(runner.info, request.features, request.encoding, request.p2p)
         encoding = _offered(runner, request.encoding)
+        packing_offered(inputs, CAN_PACKING in runner.info.features, runner.info.engine)
         vocab = _vocab(session) if asked is None or asked.logits == LOGITS_DRAFT_PROBS else None
         job = _Job(runner, inputs, vocab, encoding, features=asked)
         job.timings["decode"] = time.perf_counter() - start
@@ -328,11 +330,12 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     start = time.perf_counter()
     input_ids = inputs["input_ids"].to(device)
     attention_mask = inputs["attention_mask"].to(device)
+    packed = {k: inputs[k].to(device) for k in PACKING_KEYS if k in inputs}  # offered: packing_offered
     hidden = None
     if job.encoding == encodings.HIDDEN and isinstance(runner, HiddenStateRunner):
-        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask)
+        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask, **packed)
     else:
-        logits, aux = runner.forward(input_ids, attention_mask)
+        logits, aux = runner.forward(input_ids, attention_mask, **packed)
     if logits.is_cuda:  # CUDA runs ahead of the host: wait, or the forward's time lands in the projection's
         torch.cuda.synchronize(logits.device)
     job.timings["forward"] = time.perf_counter() - start

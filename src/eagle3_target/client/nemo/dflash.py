@@ -21,6 +21,7 @@ from ..backend import RemoteTargetBackend
 from ._imports import nemo_module
 from .backend import split_options
 from .prefetch import PrefetchedBatches, depth_setting
+from .ranks import fetched_once
 from .remote import RemoteTargetSection
 
 _target = nemo_module("components.speculative.dflash.target")
@@ -100,8 +101,9 @@ class RemoteDFlashTarget:
 
 def frozen_weights(backend: RemoteTargetBackend, model: RemoteTargetModel, device: torch.device) -> None:
     """The embeddings and the lm_head, fetched once onto the trainer's device, frozen as NeMo freezes them."""
-    embed = backend.target_weight(WEIGHT_INPUT_EMBEDDINGS).to(device)
-    head = backend.target_weight(WEIGHT_LM_HEAD).to(device)
+    # once per job: rank 0 fetches, torchrun's other ranks receive them (ranks.py)
+    embed = fetched_once(lambda: backend.target_weight(WEIGHT_INPUT_EMBEDDINGS), device).to(device)
+    head = fetched_once(lambda: backend.target_weight(WEIGHT_LM_HEAD), device).to(device)
     model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
     # skip_init: a Linear's own init would draw from torch's global RNG, which NeMo's recipe draws the draft's
     # initial weights from next; the co-located recipe draws nothing here.
