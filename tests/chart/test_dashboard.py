@@ -101,7 +101,7 @@ def test_dashboard_shows_what_the_issue_asks_for():
     missing = [what for what, fragment in wanted.items() if fragment not in exprs]
     assert missing == [], titles
     assert f'endpoint="{contract.GENERATE}"' in exprs
-    assert set(GENERATE_PHASES) == {"decode", "forward", "projection", "encode", "send"}
+    assert set(GENERATE_PHASES) == {"decode", "forward", "projection", "copy", "encode", "send"}
 
 
 def test_dashboard_is_importable_grafana_json():

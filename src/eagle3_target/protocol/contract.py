@@ -48,6 +48,8 @@ SESSION_HEADER = "X-Eagle3-Session"
 SEQUENCE_HEADER = "X-Eagle3-Seq"
 # Our extension: the supervision encoding a /generate asks for and its reply carries (see encodings.py).
 ENCODING_HEADER = "X-Eagle3-Encoding"
+# Our extension: the priority class of a /generate (low, normal, high), its share while sessions wait.
+PRIORITY_HEADER = "X-Eagle3-Priority"
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"  # NeMo's p2p group name, then the port
 # Our extension: /init_nccl {"auth": P2P_AUTH} asks for a per-group secret and a proven peer.

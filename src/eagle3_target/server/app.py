@@ -167,6 +167,7 @@ class TargetServer:
             encoding=request.headers.get(contract.ENCODING_HEADER, encodings.NEMO),
             p2p=request.headers.get(contract.NCCL_HEADER) == "1",
             sequence=request.headers.get(contract.SEQUENCE_HEADER),
+            priority=request.headers.get(contract.PRIORITY_HEADER),
         )
         async with self.service.generate(asked) as answer:
             if answer.transfer is not None:

@@ -3,7 +3,8 @@
 It loads and warms the runner, keeps the client sessions and their vocab mappings, and turns a
 /generate body into supervision in the asked encoding. Requests name their session by id; failures
 are ServiceErrors (errors.py) that the HTTP layer maps to status codes. Model work runs on one
-model thread, one /generate at a time.
+model thread, one /generate at a time, in fair turns by session (scheduler.py); a reply's copy to
+host memory runs after its turn, beside the next forward (host_copy.py).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
 from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
+from .host_copy import HostCopier, PendingCopy
 from .metrics import ServerMetrics
-from .options import ServerOptions
+from .options import DEFAULT_PRIORITY, ServerOptions
 from .p2p.group import Transfer
 from .p2p.groups import P2PGroups
 from .request import parse_generate, parse_vocab_mapping
 from .runners import HiddenStateRunner, TargetRunner
+from .scheduler import FairScheduler, priority_class
 from .sessions import PEER_PREFIX, Session, SessionTable
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class GenerateRequest:
     encoding: str = encodings.NEMO
     p2p: bool = False  # the client asks for the tensors over its session's p2p group
     sequence: str | None = None  # our client's p2p transfer number; NeMo's sends none
+    priority: str | None = None  # the X-Eagle3-Priority class asked for; None: normal
 
 
 @dataclass
@@ -67,6 +71,8 @@ class _Job:
     inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask
     vocab: VocabMapping  # the session's, taken once: a new mapping does not change a running request
     encoding: str
+    session: str = ""  # whose turn it is at the model (scheduler.py)
+    priority: str = DEFAULT_PRIORITY
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -85,7 +91,10 @@ class TargetService:
         self.p2p = P2PGroups(options.p2p, require_auth=options.p2p_requires_auth, registry=metrics.registry)
         self.sessions.on_end(self.p2p.end_session)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
-        self._compute_lock = asyncio.Lock()
+        self.turns = FairScheduler(
+            options.max_queued_per_session, queued=metrics.queued, wait_seconds=metrics.queue_wait_seconds
+        )
+        self.copier = HostCopier()
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -235,12 +244,13 @@ class TargetService:
         """
         runner = self.ready_runner()
         session = self.sessions.touch(request.session_id)
+        priority = priority_class(request.priority, self.options.max_priority)
         start = time.perf_counter()
         inputs = await asyncio.to_thread(
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
         encoding = _offered(runner, request.encoding)
-        job = _Job(runner, inputs, _vocab(session), encoding)
+        job = _Job(runner, inputs, _vocab(session), encoding, session.id, priority)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
             if transfer is not None:
@@ -249,9 +259,15 @@ class TargetService:
         yield await self._run(job, None)
 
     async def _run(self, job: _Job, transfer: Transfer | None) -> Answer:
-        async with self._compute_lock:
-            supervision = await self._on_model_thread(_supervise, job, transfer is None)
-        return Answer(supervision, job.encoding, job.inputs["input_ids"].numel(), job.timings, transfer)
+        tokens = job.inputs["input_ids"].numel()
+        copier = self.copier if transfer is None else None  # the p2p path sends from the device
+        async with self.turns.turn(job.session, tokens, job.priority):
+            supervision = await self._on_model_thread(_supervise, job, copier)
+            if isinstance(supervision, PendingCopy) and not self.options.overlap_host_copy:
+                supervision = await _arrived(supervision, job.timings)
+        if isinstance(supervision, PendingCopy):  # the next request's forward runs meanwhile
+            supervision = await _arrived(supervision, job.timings)
+        return Answer(supervision, job.encoding, tokens, job.timings, transfer)
 
     def delivered(self, answer: Answer, path: str, nbytes: int) -> None:
         """Count a delivered answer: its phases, its tokens, its bytes by path (wire or p2p)."""
@@ -295,8 +311,9 @@ def _warm_up(runner: TargetRunner) -> None:
     build_supervision(logits, aux, ids, ids, VocabMapping.identity(logits.shape[-1], device))
 
 
-def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
-    """On the model thread: forward, projection into the encoding, and (for the wire) the move to host memory."""
+def _supervise(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] | PendingCopy:
+    """On the model thread: forward, projection into the encoding, and (for the wire) the start of
+    the copy to host memory, which the caller waits for after the turn (host_copy.py)."""
     runner, inputs = job.runner, job.inputs
     device = runner.info.device
     start = time.perf_counter()
@@ -315,25 +332,14 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     supervision = encodings.encode(job.encoding, logits, aux, input_ids, loss_mask, job.vocab, hidden)
     del logits, hidden
     # The p2p path sends straight from the runner's device.
-    supervision = _to_host(supervision) if to_host else {k: v.contiguous() for k, v in supervision.items()}
+    result = copier.start(supervision) if copier else {k: v.contiguous() for k, v in supervision.items()}
     job.timings["projection"] = time.perf_counter() - start
-    return supervision
+    return result
 
 
-def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Move the supervision to host memory for the wire; from CUDA into page-locked memory.
-
-    A copy into pageable memory is staged through a driver buffer at a fraction of the link's
-    speed. Pinned buffers come from torch's caching host allocator, so a steady batch shape
-    allocates none after the first; one synchronize covers all the copies.
-    """
-    devices = {t.device for t in tensors.values() if t.is_cuda}
-    if not devices:
-        return {k: v.cpu() for k, v in tensors.items()}
-    host = {
-        k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
-        for k, v in tensors.items()
-    }
-    for device in devices:
-        torch.cuda.synchronize(device)
+async def _arrived(pending: PendingCopy, timings: dict[str, float]) -> dict[str, torch.Tensor]:
+    """The reply in host memory, once its copy is done: waited for off the event loop."""
+    start = time.perf_counter()
+    host = pending.wait() if pending.done else await asyncio.to_thread(pending.wait)
+    timings["copy"] = time.perf_counter() - start
     return host
