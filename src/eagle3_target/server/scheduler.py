@@ -141,7 +141,7 @@ class FairScheduler:
         """Hand the turn to the waiter with the smallest start tag, or mark the model free."""
         while self._heap:
             waiter = heapq.heappop(self._heap)
-            if waiter.gone:
+            if waiter.gone or waiter.granted.cancelled():  # its task counts it out as it unwinds
                 continue
             self._busy = True
             self._virtual = waiter.start
