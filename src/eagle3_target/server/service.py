@@ -331,6 +331,8 @@ def _supervise(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] 
     loss_mask = inputs["loss_mask"].to(device)
     supervision = encodings.encode(job.encoding, logits, aux, input_ids, loss_mask, job.vocab, hidden)
     del logits, hidden
+    if input_ids.is_cuda:  # as for the forward: the projection's GPU time is its own, not the copy's
+        torch.cuda.synchronize(input_ids.device)
     # The p2p path sends straight from the runner's device.
     result = copier.start(supervision) if copier else {k: v.contiguous() for k, v in supervision.items()}
     job.timings["projection"] = time.perf_counter() - start
