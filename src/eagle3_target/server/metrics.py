@@ -52,19 +52,7 @@ class ServerMetrics:
             ["path"],
             registry=r,
         )
-        self.queued = Gauge(
-            "eagle3_target_generate_queued",
-            "/generate requests waiting for their turn at the model, by priority class",
-            ["priority"],
-            registry=r,
-        )
-        self.queue_wait_seconds = Histogram(
-            "eagle3_target_generate_queue_wait_seconds",
-            "Time a /generate waited for its turn at the model, by priority class",
-            ["priority"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+        self._queue_metrics(r)
         self.in_flight = Gauge("eagle3_target_requests_in_flight", "Requests being handled now", registry=r)
         self.sessions = Gauge(
             "eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r
@@ -92,6 +80,22 @@ class ServerMetrics:
             self.sent_bytes.labels(path)  # export both series at 0 so rate() works from the start
         for phase in GENERATE_PHASES:
             self.generate_phase_seconds.labels(phase)
+
+    def _queue_metrics(self, r: CollectorRegistry) -> None:
+        """The fair scheduler's queue (scheduler.py), by priority class, every class exported from the start."""
+        self.queued = Gauge(
+            "eagle3_target_generate_queued",
+            "/generate requests waiting for their turn at the model, by priority class",
+            ["priority"],
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "eagle3_target_generate_queue_wait_seconds",
+            "Time a /generate waited for its turn at the model, by priority class",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         for priority in PRIORITIES:
             self.queued.labels(priority)
             self.queue_wait_seconds.labels(priority)
