@@ -163,3 +163,20 @@ async def test_the_copy_to_host_runs_beside_the_next_forward_in_order_and_exact(
                 for key, value in want.supervision.items():
                     assert torch.equal(supervision[key], value), (first, key)
             assert "copy" in timings
+
+
+def test_the_serve_flags_reach_the_scheduler():
+    import argparse
+
+    from eagle3_target.server import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    options = ServerOptions.from_args(
+        parser.parse_args(["--max-queued-per-session", "4", "--max-priority", "high"])
+    )
+    assert options.max_queued_per_session == 4 and options.max_priority == "high"
+    service = TargetService(lambda: SyntheticRunner(), options, ServerMetrics())
+    assert service.turns.max_queued_per_session == 4
+    defaults = ServerOptions.from_args(parser.parse_args([]))
+    assert (defaults.max_queued_per_session, defaults.max_priority) == (32, "normal")

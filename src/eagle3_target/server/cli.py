@@ -47,7 +47,7 @@ def _aux_ids(text: str) -> list[int]:
     return ids
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -154,7 +154,7 @@ def _limit_arguments(g) -> None:
     )
     g.add_argument(
         "--max-queued-per-session",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_QUEUED_PER_SESSION,
         help="/generate requests one session may have waiting for the model; more get 429 with "
         f"Retry-After (default {DEFAULT_MAX_QUEUED_PER_SESSION}). Sessions take turns either way",
