@@ -50,8 +50,7 @@ class _Waiter:
     session: str = field(compare=False)
     priority: str = field(compare=False)
     queued_at: float = field(compare=False)
-    granted: asyncio.Future = field(compare=False)
-    gone: bool = field(default=False, compare=False)  # cancelled while queued: skipped when popped
+    granted: asyncio.Future = field(compare=False)  # cancelled with its task: skipped when popped
 
 
 class FairScheduler:
@@ -94,7 +93,6 @@ class FairScheduler:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 self._grant_next()  # handed the turn as it was cancelled: hand it on
             else:
-                waiter.gone = True
                 self._dequeued(waiter)
             raise
         start = self._clock()
@@ -141,7 +139,7 @@ class FairScheduler:
         """Hand the turn to the waiter with the smallest start tag, or mark the model free."""
         while self._heap:
             waiter = heapq.heappop(self._heap)
-            if waiter.gone or waiter.granted.cancelled():  # its task counts it out as it unwinds
+            if waiter.granted.cancelled():  # its task counts it out as it unwinds
                 continue
             self._busy = True
             self._virtual = waiter.start
