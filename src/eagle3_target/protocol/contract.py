@@ -55,6 +55,8 @@ SEQUENCE_HEADER = "X-Eagle3-Seq"
 ENCODING_HEADER = "X-Eagle3-Encoding"
 # Our extension: a feature request on /generate (features.py), echoed on its reply.
 FEATURES_HEADER = "X-Eagle3-Features"
+# Our extension: the priority class of a /generate (low, normal, high), its share while sessions wait.
+PRIORITY_HEADER = "X-Eagle3-Priority"
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"  # NeMo's p2p group name, then the port
 # Our extension: /init_nccl {"auth": P2P_AUTH} asks for a per-group secret and a proven peer.
