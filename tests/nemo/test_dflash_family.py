@@ -4,13 +4,14 @@ and the trainer's copy of the target holds no weight file."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from eagle3_target.client import RemoteTargetBackend
+from eagle3_target.client import RemoteTargetBackend, ServerError
 from eagle3_target.client.nemo.prefetch import PrefetchedBatches
 
 from .exactness import (
@@ -78,9 +79,7 @@ def references(target, tmp_path_factory):
 
 
 def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError(
-        "a training batch's features were asked for when the loop reached it, not prefetched"
-    )
+    raise AssertionError("a batch's features were asked for when the loop reached it, not prefetched")
 
 
 @pytest.mark.parametrize("recipe", sorted(FAMILIES))
@@ -92,6 +91,18 @@ def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
     ours = run_remote(FAMILIES[recipe], target, [s.url for s in fleet], tmp_path)
     assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
     assert_exact(ours, references(recipe))
+
+
+def test_validation_batches_are_prefetched_and_exact_too(target, fleet, tmp_path, monkeypatch):
+    family = FAMILIES["TrainDominoRecipe"]
+    family = dataclasses.replace(
+        family, recipe_args={**family.recipe_args, "val_data_path": str(target.chats)}
+    )
+    reference = run_colocated(family, target, tmp_path / "nemo")
+    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
+    ours = run_remote(family, target, [s.url for s in fleet], tmp_path / "ours")
+    assert len(reference.losses) == 16  # 8 training micro-batches, then 8 validation ones
+    assert_exact(ours, reference)
 
 
 def test_jetspecs_compact_request_trains_as_exactly(target, fleet, references, tmp_path, monkeypatch):
@@ -132,6 +143,30 @@ def test_a_server_sigkilled_mid_run_changes_nothing(target, fleet, references, t
     finally:
         victim.kill()
     assert_exact(ours, references("TrainJetSpecRecipe"))
+
+
+def test_token_auth_covers_the_weights_and_the_captures(target, references, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-trainer-token\n")
+    server = start_fleet(target.model, ["127.0.0.5"], "--auth-token-file", str(token))[0]
+    try:
+        ours = run_remote(
+            FAMILIES["TrainDFlashRecipe"], target, [server.url], tmp_path / "ok", auth_token_file=str(token)
+        )
+        token.write_text("wrong\n")
+        with pytest.raises(ServerError) as refused:
+            run_remote(
+                FAMILIES["TrainDFlashRecipe"],
+                target,
+                [server.url],
+                tmp_path / "bad",
+                auth_token_file=str(token),
+                start_timeout=30,
+            )
+        assert refused.value.status == 401
+    finally:
+        server.kill()
+    assert_exact(ours, references("TrainDFlashRecipe"))
 
 
 def test_train_draft_picks_the_recipe_from_the_yaml_and_trains_it_exactly(

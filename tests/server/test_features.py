@@ -13,9 +13,10 @@ from nemo_automodel.components.speculative.eagle.target_v12 import HFEagleTarget
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import capture, wire
-from eagle3_target.protocol.contract import ENCODING_HEADER, FEATURES_HEADER
+from eagle3_target.protocol.contract import ENCODING_HEADER, FEATURES_HEADER, NCCL_HEADER
 from eagle3_target.protocol.families import family
 from eagle3_target.protocol.features import Features
+from eagle3_target.server.errors import InvalidInput
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -115,6 +116,15 @@ def test_a_capture_computes_nothing_past_what_it_asks(tiny):
     assert torch.equal(got.final_hidden, want)
 
 
+def test_runners_refuse_packing_metadata_they_cannot_honour(tiny):
+    ids, mask, _ = batch()
+    for runner in (HFRunner(tiny, name="tiny"), SyntheticRunner(vocab_size=V)):
+        for packed in (ForwardInputs(ids, mask, position_ids=mask), ForwardInputs(ids, mask, seq_lens=mask)):
+            with pytest.raises(InvalidInput, match="cannot run packed sequences") as err:
+                runner.capture(packed, Capture(layers=(1,)))
+            assert err.value.error == "packing_not_offered"
+
+
 def test_the_synthetic_runner_captures_too():
     runner = SyntheticRunner(vocab_size=V, hidden_size=16, num_hidden_layers=L)
     ids, mask, _ = batch()
@@ -160,6 +170,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             assert body["detail"]
         got, body = await ask(srv, Features(layers=(1,)), ids, **{ENCODING_HEADER: "logits"})
         assert (got, body["error"]) == (400, "features_with_encoding")
+        got, body = await ask(srv, Features(layers=(1,)), ids, **{NCCL_HEADER: "1"})
+        assert (got, body["error"]) == (400, "features_over_p2p")
         assert (await ask(srv, Features(layers=(2, 1)), ids))[0] == 200
     async with serve(lambda: SyntheticRunner(**options), ServerOptionsCap(64)) as srv:
         got, body = await ask(srv, Features(layers=(1,)), torch.zeros(5, 13, dtype=torch.long))

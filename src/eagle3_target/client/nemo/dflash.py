@@ -21,6 +21,7 @@ from ..backend import RemoteTargetBackend
 from ._imports import nemo_module
 from .backend import split_options
 from .prefetch import PrefetchedBatches, depth_setting
+from .ranks import fetched_once
 from .remote import RemoteTargetSection
 
 _target = nemo_module("components.speculative.dflash.target")
@@ -33,7 +34,7 @@ _dflash2 = nemo_module("recipes.llm.train_dflash2")
 
 class RemoteTargetModel(torch.nn.Module):
     """What a DFlash recipe reads of its target model besides the forward: the config, the input embeddings
-    and the lm_head (filled from the fleet by `RemoteDFlashTarget`)."""
+    and the lm_head (`frozen_weights` fills them from the fleet)."""
 
     def __init__(self, config):
         super().__init__()
@@ -56,15 +57,17 @@ class RemoteDFlashTarget:
         backend: RemoteTargetBackend,
         target_layer_ids: list[int],
         prefetched: PrefetchedBatches,
-        lm_head: torch.nn.Module | None = None,
+        model: RemoteTargetModel,
+        compact: bool = False,
     ):
         self.backend = backend
+        self.model = model
         self.target_layer_ids = list(target_layer_ids)  # NeMo saves them in dflash_meta.pt
         self.prefetched = prefetched
-        self.lm_head = lm_head  # set for the compact request: the logits from the final hidden state, here
+        self.compact = compact  # the reply has the final hidden state; the logits are computed here
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
-        return self.backend.get_input_embeddings()
+        return self.model.get_input_embeddings()
 
     @torch.no_grad()
     def generate_batch(
@@ -77,9 +80,9 @@ class RemoteDFlashTarget:
         doc_remaining: torch.Tensor | None = None,
     ):
         captured = self.prefetched.take(input_ids, attention_mask, loss_mask, position_ids, seq_lens)
-        if self.lm_head is not None:
+        if self.compact:
             # What the target's forward does after its final norm: the same product, on the trainer.
-            captured["logits"] = self.lm_head(captured.pop("final_hidden"))
+            captured["logits"] = self.model.get_output_embeddings()(captured.pop("final_hidden"))
         return _target.DFlashTargetBatch(
             hidden_states=captured["hidden_states"],
             input_ids=input_ids,
@@ -98,8 +101,9 @@ class RemoteDFlashTarget:
 
 def frozen_weights(backend: RemoteTargetBackend, model: RemoteTargetModel, device: torch.device) -> None:
     """The embeddings and the lm_head, fetched once onto the trainer's device, frozen as NeMo freezes them."""
-    embed = backend.target_weight(WEIGHT_INPUT_EMBEDDINGS).to(device)
-    head = backend.target_weight(WEIGHT_LM_HEAD).to(device)
+    # once per job: rank 0 fetches, torchrun's other ranks receive them (ranks.py)
+    embed = fetched_once(lambda: backend.target_weight(WEIGHT_INPUT_EMBEDDINGS), device).to(device)
+    head = fetched_once(lambda: backend.target_weight(WEIGHT_LM_HEAD), device).to(device)
     model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
     # skip_init: a Linear's own init would draw from torch's global RNG, which NeMo's recipe draws the draft's
     # initial weights from next; the co-located recipe draws nothing here.
@@ -177,8 +181,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
             backend.close()
             raise
         prefetched = PrefetchedBatches(backend, self.prefetch_depth)
-        lm_head = self.target_model.get_output_embeddings() if self.compact else None
-        return RemoteDFlashTarget(backend, target_layer_ids, prefetched, lm_head)
+        return RemoteDFlashTarget(backend, target_layer_ids, prefetched, self.target_model, self.compact)
 
     def run_train_validation_loop(self):
         try:
@@ -188,9 +191,12 @@ class RemoteDFlashRecipe(RemoteTargetSection):
 
     def setup(self):
         super().setup()
-        # NeMo's loop asks for each batch's target features as it reaches it; the loader below submits
-        # the next ones ahead, in the order the loop will ask.
-        self.train_dataloader = self.target_wrapper.prefetched.wrap(self.train_dataloader)
+        # NeMo's loops ask for each batch's target features as they reach it; the loaders below submit
+        # the next ones ahead, in the order the loops will ask.
+        prefetched = self.target_wrapper.prefetched
+        self.train_dataloader = prefetched.wrap(self.train_dataloader)
+        if self.val_dataloader is not None:
+            self.val_dataloader = prefetched.wrap(self.val_dataloader)
 
 
 class TrainDFlashRecipe(RemoteDFlashRecipe, _dflash.TrainDFlashRecipe):

@@ -1,6 +1,6 @@
-"""Prefetch for recipes whose loop asks for each batch's target features only when it reaches the batch
-(NeMo's DFlash family): the train loader, wrapped, submits the next batches as it hands one out, and the
-target wrapper takes their replies in the same order."""
+"""Prefetch for recipes whose loops ask for each batch's target features only when they reach the batch
+(NeMo's DFlash family): the train and validation loaders, wrapped, submit the next batches as they hand one
+out, and the target wrapper takes their replies in the same order."""
 
 from __future__ import annotations
 
@@ -76,6 +76,8 @@ class PrefetchingLoader:
         return len(self.loader)
 
     def __getattr__(self, name: str):
+        if name == "loader":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -51,16 +51,45 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
                 "EAGLE-3 takes draft-vocabulary supervision (remote_target.encoding)"
             )
 
+    def _setup_online_target(self, recipe_cfg, target_path, draft_base_config):
+        packed = int(recipe_cfg.get("packed_sequence_size", 0) or 0)
+        if packed <= 0:
+            return super()._setup_online_target(recipe_cfg, target_path, draft_base_config)
+        # NeMo lets only its co-located target, named by the backend, take packed rows ("the remote backend
+        # does not propagate per-document masking"). The fleet computes them as that target does, so the
+        # setup runs under its name and _setup_colocated_target connects the fleet; the gates NeMo keeps
+        # for a remote target (no context or tensor parallelism) are checked here first.
+        cp_size = int(self.cfg.get("distributed.cp_size", 1) or 1)
+        _nemo_recipe._validate_cp_gates(cp_size, "remote", packed, cp_mode=recipe_cfg.get("cp_mode", "ring"))
+        _nemo_recipe._validate_tp_gates(int(self.cfg.get("distributed.tp_size", 1) or 1), "remote", cp_size)
+        self.cfg.set_by_dotted("recipe_args.target_model_backend", "colocated")
+        try:
+            return super()._setup_online_target(recipe_cfg, target_path, draft_base_config)
+        finally:
+            self.cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
+
+    def _prefetched_batches(self, dataloader):
+        # NeMo's prefetch loop passes the target input_ids, attention_mask and loss_mask only
+        if isinstance(self.target_wrapper, NeMoTargetBackend):
+            dataloader = self.target_wrapper.noting_packing(dataloader)
+        return super()._prefetched_batches(dataloader)
+
     def _setup_remote_target(self, recipe_cfg):
         kwargs, wait_timeout = self.remote_target
+        packing = int(recipe_cfg.get("packed_sequence_size", 0) or 0) > 0
         self.target_model = None
-        self.target_wrapper = NeMoTargetBackend(device=self.device, **kwargs)
+        self.target_wrapper = NeMoTargetBackend(
+            device=self.device, ranks_share_weights=True, **{**kwargs, "packing": packing}
+        )
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
         self.target_wrapper.wait_for_servers(wait_timeout)
 
     def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
-        # Reached only for P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
+        if not self.parallel_drafting:
+            # packed rows (_setup_online_target): the fleet stands in for NeMo's co-located target
+            return self._setup_remote_target(recipe_cfg)
+        # P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
         from .peagle import open_peagle_target
 
         self.target_model = None
