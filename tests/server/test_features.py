@@ -116,9 +116,10 @@ def test_a_capture_computes_nothing_past_what_it_asks(tiny):
     assert torch.equal(got.final_hidden, want)
 
 
-def test_runners_refuse_packing_metadata_they_cannot_honour(tiny):
+def test_runners_refuse_packing_metadata_they_cannot_honour():
+    """The hf runner honours it (tests/server/test_packing.py); the synthetic one cannot."""
     ids, mask, _ = batch()
-    for runner in (HFRunner(tiny, name="tiny"), SyntheticRunner(vocab_size=V)):
+    for runner in (SyntheticRunner(vocab_size=V),):
         for packed in (ForwardInputs(ids, mask, position_ids=mask), ForwardInputs(ids, mask, seq_lens=mask)):
             with pytest.raises(InvalidInput, match="cannot run packed sequences") as err:
                 runner.capture(packed, Capture(layers=(1,)))
@@ -188,7 +189,14 @@ async def test_model_info_lists_features_and_weights_serves_them(tiny):
     async with serve(lambda: HFRunner(tiny, name="tiny")) as srv:
         async with srv.http.post(f"{srv.url}/model_info") as resp:
             info = await resp.json()
-        assert info["features"] == ["layers", "embedding_output", "final_hidden", "logits", "draft_probs"]
+        assert info["features"] == [
+            "layers",
+            "embedding_output",
+            "final_hidden",
+            "logits",
+            "draft_probs",
+            "packing",
+        ]
         assert info["weights"] == ["input_embeddings", "lm_head", "final_norm"]
         want = {
             "input_embeddings": tiny.model.embed_tokens.weight,
