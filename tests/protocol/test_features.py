@@ -1,5 +1,7 @@
 """protocol/features.py and protocol/families: the request's header, its checks, each family's request."""
 
+import sys
+
 import pytest
 
 from eagle3_target.protocol.families import families, family
@@ -78,4 +80,10 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
         "FAMILY = Family('medusa', ('TrainMedusaRecipe',), lambda _l, _n: Features(final_hidden=True), ())\n"
     )
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
-    assert family("medusa").ask([], 32) == Features(final_hidden=True)
+    package.families.cache_clear()
+    try:
+        assert family("medusa").ask([], 32) == Features(final_hidden=True)
+    finally:
+        monkeypatch.undo()
+        package.families.cache_clear()
+        sys.modules.pop("eagle3_target.protocol.families.medusa", None)
