@@ -26,7 +26,7 @@ from ..nemo.features import dspark_context
 from . import cache, data
 from .options import UsageError
 from .progress import Progress
-from .runner import check_model, check_output, connect, log, shard_len
+from .runner import check_model, check_output, connect, log, plan, shard_len
 from .store import CacheStore
 
 WEIGHTS = "target_weights.safetensors"
@@ -175,21 +175,7 @@ def precompute_dspark(args: argparse.Namespace, token: str | None) -> Progress:
         if not complete:
             store.write(cache.MANIFEST, manifest_bytes(dspark_cache, manifest, complete=False))
         store.write(WEIGHTS, weights_bytes(backend, cache.DTYPES[args.dtype]))
-        owned = data.owned_shards(
-            loader_data.num_samples, args.shard_size, args.worker_index, args.worker_count
-        )
-        todo = [s for s in owned if s not in present]
-        worker = f"{args.worker_index + 1}/{args.worker_count}"
-        log.info(
-            "worker %s: %d of %d DSpark shards to write -> %s", worker, len(todo), len(owned), args.output_dir
-        )
-        progress = Progress(
-            sum(shard_len(s, loader_data, args) for s in todo),
-            worker=worker,
-            log_interval=args.log_interval,
-            metrics_file=args.metrics_file,
-            metrics_port=args.metrics_port,
-        )
+        todo, progress = plan(loader_data, present, args, "DSpark shards")
         try:
             write_shards(
                 backend, loader_data, todo, layer_ids, num_layers, store, args, progress, dspark_cache
