@@ -18,12 +18,15 @@ from .exactness import (
     SEED,
     Family,
     assert_exact,
-    make_target,
+    fleet_fixture,
+    no_synchronous_capture,
     recipe_yaml,
+    references_fixture,
     run_colocated,
     run_remote,
     saved_draft,
     start_fleet,
+    target_fixture,
     weight_files,
 )
 
@@ -52,34 +55,9 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("qwen3"), "qwen3")
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    yield servers
-    for server in servers:
-        server.kill()
-
-
-@pytest.fixture(scope="module")
-def references(target, tmp_path_factory):
-    """NeMo's co-located run of each family, once per module."""
-    runs = {}
-
-    def reference(recipe: str):
-        if recipe not in runs:
-            runs[recipe] = run_colocated(FAMILIES[recipe], target, tmp_path_factory.mktemp(f"nemo-{recipe}"))
-        return runs[recipe]
-
-    return reference
-
-
-def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError("a batch's features were asked for when the loop reached it, not prefetched")
+target = target_fixture("qwen3")
+fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
+references = references_fixture(FAMILIES)
 
 
 @pytest.mark.parametrize("recipe", sorted(FAMILIES))

@@ -18,12 +18,14 @@ from eagle3_target.client.nemo import TrainDSparkRecipe
 from .exactness import (
     Family,
     assert_exact,
+    fleet_fixture,
     load_config,
-    make_target,
+    no_synchronous_capture,
     recipe_yaml,
     run_colocated,
     run_remote,
     start_fleet,
+    target_fixture,
 )
 
 
@@ -46,17 +48,8 @@ DSPARK = Family(
 )
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("qwen3"), "qwen3")
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    yield servers
-    for server in servers:
-        server.kill()
+target = target_fixture("qwen3")
+fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +62,6 @@ def dspark(target):
 @pytest.fixture(scope="module")
 def reference(dspark, target, tmp_path_factory):
     return run_colocated(dspark, target, tmp_path_factory.mktemp("nemo-dspark"))
-
-
-def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError("a training batch's features were asked for when the loop reached it, not ahead")
 
 
 def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(

@@ -22,12 +22,14 @@ from .exactness import (
     SEED,
     Family,
     assert_exact,
-    make_target,
+    fleet_fixture,
+    no_synchronous_capture,
     recipe_yaml,
-    run_colocated,
+    references_fixture,
     run_remote,
     saved_draft,
     start_fleet,
+    target_fixture,
     weight_files,
 )
 
@@ -54,33 +56,9 @@ def dense_attention_on_cpu():
         yield
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("llama"), "llama")
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    yield servers
-    for server in servers:
-        server.kill()
-
-
-@pytest.fixture(scope="module")
-def references(target, tmp_path_factory):
-    runs = {}
-
-    def reference(recipe: str):
-        if recipe not in runs:
-            runs[recipe] = run_colocated(FAMILIES[recipe], target, tmp_path_factory.mktemp(f"nemo-{recipe}"))
-        return runs[recipe]
-
-    return reference
-
-
-def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError("a training batch's features were asked for when the loop reached it, not ahead")
+target = target_fixture("llama")
+fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
+references = references_fixture(FAMILIES)
 
 
 @pytest.mark.parametrize("compact", [False, True])
