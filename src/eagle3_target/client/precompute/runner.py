@@ -93,8 +93,11 @@ def build_manifest(args, dataset: data.Dataset, config, aux_layer_ids: list[int]
     }
 
 
-def check_manifest(store: CacheStore, manifest: dict[str, Any], present: set[int], args) -> None:
-    """A resumed run, or one of several workers, continues a cache only if it was made the same way."""
+def check_manifest(
+    store: CacheStore, manifest: dict[str, Any], present: set[int], args, difference=cache.manifest_difference
+) -> dict[str, Any] | None:
+    """A resumed run, or one of several workers, continues a cache only if it was made the same way
+    (``difference(recorded, manifest)`` names the fields that differ). Returns the recorded manifest, if any."""
     recorded = store.read_manifest()
     if recorded is None:
         if present:
@@ -102,13 +105,14 @@ def check_manifest(store: CacheStore, manifest: dict[str, Any], present: set[int
                 f"{args.output_dir} has shards but no manifest, so they cannot be verified; "
                 "delete the directory and start fresh"
             )
-        return
-    wrong = cache.manifest_difference(recorded, manifest)
+        return None
+    wrong = difference(recorded, manifest)
     if wrong:
         raise UsageError(
             f"{args.output_dir} holds a cache made with other settings (mismatched fields: {wrong}); "
             "re-run with the original settings, or use a fresh directory"
         )
+    return recorded
 
 
 def write_shards(backend, dataset: data.Dataset, todo: list[int], store: CacheStore, args, progress) -> None:
