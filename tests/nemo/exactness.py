@@ -37,6 +37,7 @@ from target_support import TargetProcess
 from transformers import AutoModelForCausalLM
 
 import eagle3_target.client.nemo as ours_module
+from eagle3_target.client import RemoteTargetBackend
 
 from .nemo_support import make_data
 
@@ -259,6 +260,47 @@ def run_remote(
             close()
     assert not weight_files(target.config_only), "the trainer must not need the target's weights"
     return run
+
+
+def run_prefetched(
+    family: Family, target: Target, fleet: list[TargetProcess], out: Path, monkeypatch, **remote_target
+) -> Run:
+    """run_remote on the whole fleet, failing if a batch's features are asked for only when the loop reaches
+    it (they must be prefetched); every server must have served."""
+    before = [s.generated() for s in fleet]
+    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
+    ours = run_remote(family, target, [s.url for s in fleet], out, **remote_target)
+    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "every server must serve"
+    return ours
+
+
+def killing_after_third(victim: TargetProcess) -> Callable[[int], None]:
+    """An ``on_micro_batch`` that SIGKILLs ``victim`` after the third micro-batch, once it has served."""
+
+    def kill(micro_batch: int) -> None:
+        if micro_batch == 3:
+            assert victim.generated() > 0, "the victim must have served before it dies"
+            victim.kill()
+
+    return kill
+
+
+def run_losing_a_server(family: Family, target: Target, survivor: TargetProcess, out: Path) -> Run:
+    """run_remote on ``survivor`` and a server of its own (127.0.0.4), SIGKILLed mid-run."""
+    victim = start_fleet(target.model, ["127.0.0.4"])[0]
+    try:
+        ours = run_remote(
+            family,
+            target,
+            [survivor.url, victim.url],
+            out,
+            on_micro_batch=killing_after_third(victim),
+            deadline=120,
+        )
+        assert victim.process.returncode == -9
+    finally:
+        victim.kill()
+    return ours
 
 
 def assert_trains(run: Run) -> None:
