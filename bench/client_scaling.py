@@ -46,35 +46,31 @@ def wait_healthy(url: str, timeout: float = 120.0) -> None:
     raise TimeoutError(f"{url} did not become healthy")
 
 
+def synthetic_server(host: str, port: int, forward_delay: float) -> subprocess.Popen:
+    """A quiet synthetic server in a process of its own. One torch thread per server: on a small shared
+    machine, N servers' OpenMP pools spinning against each other turn a sub-millisecond projection into
+    tens of milliseconds."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eagle3_target.cli",
+            "--log-level",
+            "WARNING",
+            "serve",
+            "--engine",
+            "synthetic",
+        ]
+        + ["--host", host, "--port", str(port), "--forward-delay", str(forward_delay)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
 @contextlib.contextmanager
 def subprocess_servers(count: int, forward_delay: float):
     hosts = [f"127.0.0.{i + 2}" for i in range(count)]
     ports = [free_port(h) for h in hosts]
-    # One torch thread per server: on a small shared machine, N servers' OpenMP pools spinning
-    # against each other turn a sub-millisecond projection into tens of milliseconds.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "eagle3_target.cli",
-                "--log-level",
-                "WARNING",
-                "serve",
-                "--engine",
-                "synthetic",
-                "--host",
-                h,
-                "--port",
-                str(p),
-                "--forward-delay",
-                str(forward_delay),
-            ],
-            env=env,
-        )
-        for h, p in zip(hosts, ports, strict=False)
-    ]
+    procs = [synthetic_server(h, p, forward_delay) for h, p in zip(hosts, ports, strict=False)]
     try:
         urls = [f"http://{h}:{p}" for h, p in zip(hosts, ports, strict=False)]
         for url in urls:

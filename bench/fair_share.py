@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from client_scaling import free_port, wait_healthy  # noqa: E402  (the sibling bench's helpers)
+from client_scaling import free_port, synthetic_server, wait_healthy  # noqa: E402  (the sibling bench's helpers)
 
 
 def trainer(url: str, in_flight: int, seconds: float, batch: int, seq: int, draft: int) -> None:
@@ -101,20 +101,7 @@ def main() -> int:
         return 0
     in_flight = [int(k) for k in args.in_flight.split(",")]
     host, port = "127.0.0.1", free_port("127.0.0.1")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "eagle3_target.cli",
-            "--log-level",
-            "WARNING",
-            "serve",
-            "--engine",
-            "synthetic",
-        ]
-        + ["--host", host, "--port", str(port), "--forward-delay", str(args.forward_delay)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    server = synthetic_server(host, port, args.forward_delay)
     url = f"http://{host}:{port}"
     try:
         wait_healthy(url)

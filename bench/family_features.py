@@ -26,7 +26,9 @@ import copy
 import json
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,10 @@ from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The CPU timings' Llama: engine_throughput's, small with realistic proportions (vocab >> hidden)
+from engine_throughput import BENCH_LLAMA  # noqa: E402  (the sibling bench's model)
 
 QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
 LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
@@ -51,15 +57,6 @@ REAL = {
     "eagle1": ("Llama-3.1-8B", LLAMA31_8B, []),
     "eagle3": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),
 }
-# A small Llama with realistic proportions (vocab >> hidden) for the CPU timings.
-BENCH_LLAMA = dict(
-    vocab_size=32000,
-    hidden_size=512,
-    intermediate_size=1536,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-)
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
 
 

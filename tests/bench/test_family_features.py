@@ -2,10 +2,6 @@
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 from target_support import generate_body, serve, vocab_body
@@ -13,8 +9,9 @@ from target_support import generate_body, serve, vocab_body
 from eagle3_target.protocol.contract import FEATURES_HEADER
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "family_features.py"
+from .bench_support import BENCH, run_bench
+
+SCRIPT = BENCH / "family_features.py"
 
 
 def bench_module():
@@ -45,14 +42,7 @@ async def test_computed_reply_bytes_are_the_bytes_a_server_sends():
 
 def test_the_bench_runs_and_reports_every_family(tmp_path):
     out = tmp_path / "family.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--small", "--repeats", "1", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("family_features.py", "--small", "--repeats", "1", "--json", str(out))
     result = json.loads(out.read_text())
     sizes = {k: v["bytes_per_token"] for k, v in result["bytes_per_token"].items()}
     assert 5 * 4096 * 2 < sizes["dflash"] < 5 * 4096 * 2 + 1  # five bf16 layers of Qwen3-8B, plus headers

@@ -1,27 +1,16 @@
 """bench/gpu_check.py on the CPU with a tiny Llama: it runs end to end and its JSON holds what it claims."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .bench_support import run_bench
 
 
 def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     out = tmp_path / "gpu_check.json"
     args = ["--device", "cpu", "--small", "--batch", "2", "--seq", "32", "--draft-vocab", "128"]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), *args, "--repeats", "1", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("gpu_check.py", *args, "--repeats", "1", "--json", str(out))
     assert "server overhead over the bare forward: nemo" in proc.stdout
     assert "copy to host in the turn -> beside the next forward (goal <= 5%): nemo" in proc.stdout
     result = json.loads(out.read_text())

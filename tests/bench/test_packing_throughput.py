@@ -1,22 +1,10 @@
 """bench/packing_throughput.py runs end to end at its smoke shape and reports both modes (no speed asserted)."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from .bench_support import run_bench
 
 
 def test_packing_bench_runs_and_reports_both_modes():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "packing_throughput.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("packing_throughput.py", "--smoke")
     lines = [line.split() for line in proc.stdout.splitlines()]
     rows = {parts[0]: parts for parts in lines if parts and parts[0] in ("padded", "packed")}
     padded, packed = rows["padded"], rows["packed"]

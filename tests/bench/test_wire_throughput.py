@@ -1,22 +1,10 @@
 """bench/wire_throughput.py runs end to end at the small shape and prints every column it promises (no speed asserted)."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from .bench_support import run_bench
 
 
 def test_wire_bench_runs_and_reports_each_column():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "wire_throughput.py"), "--shapes", "small", "--repeats", "2"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("wire_throughput.py", "--shapes", "small", "--repeats", "2")
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("shape   MB/resp  raw TCP"))
     # The first table's row; the RSS table's follows.

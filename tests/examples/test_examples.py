@@ -38,37 +38,27 @@ def test_own_trainer_learns_from_the_embedded_server_it_starts(tmp_path):
     assert last < first / 2, done.stdout
 
 
-def test_nemo_recipe_trains_a_draft_on_the_generated_data(tmp_path):
-    run([str(EXAMPLES / "nemo" / "make_data.py"), "--rows", "32"], cwd=tmp_path)
+@pytest.mark.parametrize(
+    ("make_data_args", "config", "run_dir", "done_line"),
+    [
+        ([], "recipe.yaml", "run", "Training complete"),
+        (["--architecture", "qwen3"], "dflash.yaml", "run-dflash", "Saved final checkpoint"),
+    ],
+    ids=["eagle3", "dflash"],
+)
+def test_nemo_recipe_trains_a_draft_on_the_generated_data(
+    tmp_path, make_data_args, config, run_dir, done_line
+):
+    run([str(EXAMPLES / "nemo" / "make_data.py"), "--rows", "32", *make_data_args], cwd=tmp_path)
     server = TargetProcess("127.0.0.2", "--model", str(tmp_path / "target"))
     try:
         server.wait_ready()
-        config = str(EXAMPLES / "nemo" / "recipe.yaml")
         done = run(
-            ["-m", "eagle3_target.cli", "train-draft", "--config", config],
+            ["-m", "eagle3_target.cli", "train-draft", "--config", str(EXAMPLES / "nemo" / config)],
             cwd=tmp_path,
             EAGLE3_TARGET_SERVICE=server.url,
         )
     finally:
         server.kill()
-    assert "Training complete" in done.stdout + done.stderr
-    assert list((tmp_path / "run" / "checkpoints").glob("epoch_*_step_*/model/consolidated/*.safetensors"))
-
-
-def test_nemo_dflash_recipe_trains_a_draft_on_the_generated_qwen3(tmp_path):
-    run([str(EXAMPLES / "nemo" / "make_data.py"), "--rows", "32", "--architecture", "qwen3"], cwd=tmp_path)
-    server = TargetProcess("127.0.0.2", "--model", str(tmp_path / "target"))
-    try:
-        server.wait_ready()
-        config = str(EXAMPLES / "nemo" / "dflash.yaml")
-        done = run(
-            ["-m", "eagle3_target.cli", "train-draft", "--config", config],
-            cwd=tmp_path,
-            EAGLE3_TARGET_SERVICE=server.url,
-        )
-    finally:
-        server.kill()
-    assert "Saved final checkpoint" in done.stdout + done.stderr
-    assert list(
-        (tmp_path / "run-dflash" / "checkpoints").glob("epoch_*_step_*/model/consolidated/*.safetensors")
-    )
+    assert done_line in done.stdout + done.stderr
+    assert list((tmp_path / run_dir / "checkpoints").glob("epoch_*_step_*/model/consolidated/*.safetensors"))

@@ -2,11 +2,15 @@
 below) and our remote subclass against a fleet, from the same YAML, and compare every micro-batch loss (float32
 bits) and every tensor of the saved draft.
 
-A family is a `Family` (which NeMo recipe, its recipe_args, any CPU shim); a test is then
+A family is a `Family` (which NeMo recipe, its recipe_args, any CPU shim); a test module is then
 
-    target = make_target(tmp_path, "qwen3")            # fixture scope: module
-    fleet = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    reference = run_colocated(family, target, tmp_path / "nemo")
+    target = target_fixture("qwen3")                    # module-scoped fixtures: make_target, start_fleet
+    fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
+    references = references_fixture({family.recipe: family})
+
+and a test, given target and fleet,
+
+    reference = run_colocated(family, target, tmp_path / "nemo")  # or references(family.recipe)
     ours = run_remote(family, target, [s.url for s in fleet], tmp_path / "ours")
     assert_exact(ours, reference)
 
@@ -33,6 +37,7 @@ from target_support import TargetProcess
 from transformers import AutoModelForCausalLM
 
 import eagle3_target.client.nemo as ours_module
+from eagle3_target.client import RemoteTargetBackend
 
 from .nemo_support import make_data
 
@@ -98,6 +103,54 @@ def start_fleet(model: Path, hosts: list[str], *serve_args: str) -> list[TargetP
         for server in servers:
             server.kill()
         raise
+
+
+def target_fixture(architecture: str, **make):
+    """A module's `target` fixture: make_target's tiny ``architecture`` target, built once per module."""
+
+    @pytest.fixture(scope="module", name="target")
+    def target(tmp_path_factory) -> Target:
+        return make_target(tmp_path_factory.mktemp(architecture), architecture, **make)
+
+    return target
+
+
+def fleet_fixture(*hosts: str):
+    """A module's `fleet` fixture: servers of its `target` on ``hosts``, killed after the module."""
+
+    @pytest.fixture(scope="module", name="fleet")
+    def fleet(target: Target):
+        servers = start_fleet(target.model, list(hosts))
+        yield servers
+        for server in servers:
+            server.kill()
+
+    return fleet
+
+
+def references_fixture(families: dict[str, Family]):
+    """A module's `references` fixture: ``references(recipe)`` is NeMo's co-located run of that family,
+    run once per module when first asked for."""
+
+    @pytest.fixture(scope="module", name="references")
+    def references(target: Target, tmp_path_factory):
+        runs = {}
+
+        def reference(recipe: str) -> Run:
+            if recipe not in runs:
+                runs[recipe] = run_colocated(
+                    families[recipe], target, tmp_path_factory.mktemp(f"nemo-{recipe}")
+                )
+            return runs[recipe]
+
+        return reference
+
+    return references
+
+
+def no_synchronous_capture(*_args, **_kwargs):
+    """Patched over RemoteTargetBackend.capture: every batch's features must have been prefetched."""
+    raise AssertionError("a batch's features were asked for when the loop reached it, not prefetched")
 
 
 def config_only_copy(model: Path, dest: Path) -> Path:
@@ -207,6 +260,47 @@ def run_remote(
             close()
     assert not weight_files(target.config_only), "the trainer must not need the target's weights"
     return run
+
+
+def run_prefetched(
+    family: Family, target: Target, fleet: list[TargetProcess], out: Path, monkeypatch, **remote_target
+) -> Run:
+    """run_remote on the whole fleet, failing if a batch's features are asked for only when the loop reaches
+    it (they must be prefetched); every server must have served."""
+    before = [s.generated() for s in fleet]
+    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
+    ours = run_remote(family, target, [s.url for s in fleet], out, **remote_target)
+    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "every server must serve"
+    return ours
+
+
+def killing_after_third(victim: TargetProcess) -> Callable[[int], None]:
+    """An ``on_micro_batch`` that SIGKILLs ``victim`` after the third micro-batch, once it has served."""
+
+    def kill(micro_batch: int) -> None:
+        if micro_batch == 3:
+            assert victim.generated() > 0, "the victim must have served before it dies"
+            victim.kill()
+
+    return kill
+
+
+def run_losing_a_server(family: Family, target: Target, survivor: TargetProcess, out: Path) -> Run:
+    """run_remote on ``survivor`` and a server of its own (127.0.0.4), SIGKILLed mid-run."""
+    victim = start_fleet(target.model, ["127.0.0.4"])[0]
+    try:
+        ours = run_remote(
+            family,
+            target,
+            [survivor.url, victim.url],
+            out,
+            on_micro_batch=killing_after_third(victim),
+            deadline=120,
+        )
+        assert victim.process.returncode == -9
+    finally:
+        victim.kill()
+    return ours
 
 
 def assert_trains(run: Run) -> None:

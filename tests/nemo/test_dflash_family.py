@@ -18,12 +18,17 @@ from .exactness import (
     SEED,
     Family,
     assert_exact,
-    make_target,
+    fleet_fixture,
+    no_synchronous_capture,
     recipe_yaml,
+    references_fixture,
     run_colocated,
+    run_losing_a_server,
+    run_prefetched,
     run_remote,
     saved_draft,
     start_fleet,
+    target_fixture,
     weight_files,
 )
 
@@ -52,44 +57,16 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("qwen3"), "qwen3")
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    yield servers
-    for server in servers:
-        server.kill()
-
-
-@pytest.fixture(scope="module")
-def references(target, tmp_path_factory):
-    """NeMo's co-located run of each family, once per module."""
-    runs = {}
-
-    def reference(recipe: str):
-        if recipe not in runs:
-            runs[recipe] = run_colocated(FAMILIES[recipe], target, tmp_path_factory.mktemp(f"nemo-{recipe}"))
-        return runs[recipe]
-
-    return reference
-
-
-def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError("a batch's features were asked for when the loop reached it, not prefetched")
+target = target_fixture("qwen3")
+fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
+references = references_fixture(FAMILIES)
 
 
 @pytest.mark.parametrize("recipe", sorted(FAMILIES))
 def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
     recipe, target, fleet, references, tmp_path, monkeypatch
 ):
-    before = [s.generated() for s in fleet]
-    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
-    ours = run_remote(FAMILIES[recipe], target, [s.url for s in fleet], tmp_path)
-    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
+    ours = run_prefetched(FAMILIES[recipe], target, fleet, tmp_path, monkeypatch)
     assert_exact(ours, references(recipe))
 
 
@@ -123,25 +100,7 @@ def test_jetspecs_compact_request_trains_as_exactly(target, fleet, references, t
 
 
 def test_a_server_sigkilled_mid_run_changes_nothing(target, fleet, references, tmp_path):
-    victim = start_fleet(target.model, ["127.0.0.4"])[0]
-
-    def kill_after_third(micro_batch: int) -> None:
-        if micro_batch == 3:
-            assert victim.generated() > 0, "the victim must have served before it dies"
-            victim.kill()
-
-    try:
-        ours = run_remote(
-            FAMILIES["TrainJetSpecRecipe"],
-            target,
-            [fleet[0].url, victim.url],
-            tmp_path,
-            on_micro_batch=kill_after_third,
-            deadline=120,
-        )
-        assert victim.process.returncode == -9
-    finally:
-        victim.kill()
+    ours = run_losing_a_server(FAMILIES["TrainJetSpecRecipe"], target, fleet[0], tmp_path)
     assert_exact(ours, references("TrainJetSpecRecipe"))
 
 

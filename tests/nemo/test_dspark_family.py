@@ -12,18 +12,18 @@ import dataclasses
 
 import pytest
 
-from eagle3_target.client import RemoteTargetBackend
 from eagle3_target.client.nemo import TrainDSparkRecipe
 
 from .exactness import (
     Family,
     assert_exact,
+    fleet_fixture,
     load_config,
-    make_target,
     recipe_yaml,
     run_colocated,
-    run_remote,
-    start_fleet,
+    run_losing_a_server,
+    run_prefetched,
+    target_fixture,
 )
 
 
@@ -46,17 +46,8 @@ DSPARK = Family(
 )
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("qwen3"), "qwen3")
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    yield servers
-    for server in servers:
-        server.kill()
+target = target_fixture("qwen3")
+fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
 
 
 @pytest.fixture(scope="module")
@@ -71,41 +62,16 @@ def reference(dspark, target, tmp_path_factory):
     return run_colocated(dspark, target, tmp_path_factory.mktemp("nemo-dspark"))
 
 
-def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError("a training batch's features were asked for when the loop reached it, not ahead")
-
-
 def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
     dspark, target, fleet, reference, tmp_path, monkeypatch
 ):
-    before = [s.generated() for s in fleet]
-    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
-    ours = run_remote(dspark, target, [s.url for s in fleet], tmp_path)
-    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
+    ours = run_prefetched(dspark, target, fleet, tmp_path, monkeypatch)
     assert len(reference.losses) == 16  # 8 training micro-batches, then the 8 of the validation pass
     assert_exact(ours, reference)
 
 
 def test_a_server_sigkilled_mid_run_changes_nothing(dspark, target, fleet, reference, tmp_path):
-    victim = start_fleet(target.model, ["127.0.0.4"])[0]
-
-    def kill_after_third(micro_batch: int) -> None:
-        if micro_batch == 3:
-            assert victim.generated() > 0, "the victim must have served before it dies"
-            victim.kill()
-
-    try:
-        ours = run_remote(
-            dspark,
-            target,
-            [fleet[0].url, victim.url],
-            tmp_path,
-            on_micro_batch=kill_after_third,
-            deadline=120,
-        )
-        assert victim.process.returncode == -9
-    finally:
-        victim.kill()
+    ours = run_losing_a_server(dspark, target, fleet[0], tmp_path)
     assert_exact(ours, reference)
 
 

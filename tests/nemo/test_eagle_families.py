@@ -15,19 +15,20 @@ import pytest
 import torch
 from nemo_automodel.components.speculative.eagle import peagle_draft
 
-from eagle3_target.client import RemoteTargetBackend
-
 from . import peagle_cpu
 from .exactness import (
     SEED,
     Family,
     assert_exact,
-    make_target,
+    fleet_fixture,
+    killing_after_third,
     recipe_yaml,
-    run_colocated,
+    references_fixture,
+    run_prefetched,
     run_remote,
     saved_draft,
     start_fleet,
+    target_fixture,
     weight_files,
 )
 
@@ -54,33 +55,9 @@ def dense_attention_on_cpu():
         yield
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("llama"), "llama")
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.2", "127.0.0.3"])
-    yield servers
-    for server in servers:
-        server.kill()
-
-
-@pytest.fixture(scope="module")
-def references(target, tmp_path_factory):
-    runs = {}
-
-    def reference(recipe: str):
-        if recipe not in runs:
-            runs[recipe] = run_colocated(FAMILIES[recipe], target, tmp_path_factory.mktemp(f"nemo-{recipe}"))
-        return runs[recipe]
-
-    return reference
-
-
-def no_synchronous_capture(*_args, **_kwargs):
-    raise AssertionError("a training batch's features were asked for when the loop reached it, not ahead")
+target = target_fixture("llama")
+fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
+references = references_fixture(FAMILIES)
 
 
 @pytest.mark.parametrize("compact", [False, True])
@@ -90,12 +67,9 @@ def test_the_fleet_trains_the_draft_bit_identically_to_nemos_colocated_recipe(
 ):
     if recipe == "TrainEagle2Recipe" and compact:
         pytest.skip("EAGLE-2 is EAGLE-1's class: its compact run is EAGLE-1's")
-    before = [s.generated() for s in fleet]
-    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)
     extra = {"compact": True} if compact else {}
     family = PEAGLE_PREFETCHED if recipe == PEAGLE.recipe else FAMILIES[recipe]
-    ours = run_remote(family, target, [s.url for s in fleet], tmp_path, **extra)
-    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "both servers must serve"
+    ours = run_prefetched(family, target, fleet, tmp_path, monkeypatch, **extra)
     assert_exact(ours, references(recipe))
 
 
@@ -104,19 +78,13 @@ def test_token_auth_and_a_server_sigkilled_mid_run_change_nothing(target, refere
     token.write_text("s3cret\n")
     servers = start_fleet(target.model, ["127.0.0.4", "127.0.0.5"], "--auth-token-file", str(token))
     victim = servers[1]
-
-    def kill_after_third(micro_batch: int) -> None:
-        if micro_batch == 3:
-            assert victim.generated() > 0, "the victim must have served before it dies"
-            victim.kill()
-
     try:
         ours = run_remote(
             EAGLE1,
             target,
             [s.url for s in servers],
             tmp_path,
-            on_micro_batch=kill_after_third,
+            on_micro_batch=killing_after_third(victim),
             auth_token_file=str(token),
             deadline=120,
         )

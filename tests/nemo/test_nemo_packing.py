@@ -15,8 +15,9 @@ from nemo_automodel.recipes.llm import train_eagle3 as nemo_recipe
 from eagle3_target.client.nemo import TrainEagle3Recipe
 from eagle3_target.server.runners.packing import block_causal_mask
 
+from .exactness import SEED, CpuAutoModel, load_config, start_fleet
 from .nemo_support import build_target, write_chats
-from .test_nemo_trainer import SEED, CpuAutoModel, final_weights, load_config, recipe_yaml, start_fleet
+from .test_nemo_trainer import final_weights, recipe_yaml
 
 PACKED = 64  # two or three of the example's conversations per row
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from .exactness import assert_exact, make_target, run_colocated, run_remote, start_fleet
+from .exactness import assert_exact, fleet_fixture, run_colocated, run_remote, target_fixture
 from .test_dflash_family import FAMILIES
 from .test_dspark_family import DSPARK
 
@@ -19,17 +19,8 @@ def packed(family):
     return dataclasses.replace(family, recipe_args={**family.recipe_args, **PACKED})
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("qwen3-packed"), "qwen3", chats=32)
-
-
-@pytest.fixture(scope="module")
-def fleet(target):
-    servers = start_fleet(target.model, ["127.0.0.13", "127.0.0.14"])
-    yield servers
-    for server in servers:
-        server.kill()
+target = target_fixture("qwen3", chats=32)
+fleet = fleet_fixture("127.0.0.13", "127.0.0.14")
 
 
 @pytest.mark.parametrize("family", [FAMILIES["TrainDFlashRecipe"], DSPARK], ids=lambda f: f.recipe)

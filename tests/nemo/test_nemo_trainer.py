@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from nemo_automodel.components.config._arg_parser import parse_args_and_load_config
 from nemo_automodel.components.datasets.llm.eagle3 import (
     build_eagle3_dataloader,
     load_or_build_eagle3_token_mapping,
@@ -29,32 +28,21 @@ from nemo_automodel.components.speculative.eagle import (
 )
 from nemo_automodel.recipes.llm import train_eagle3 as nemo_recipe
 from safetensors.torch import load_file
-from target_support import TargetProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from eagle3_target.client import ServerError
 from eagle3_target.client.nemo import NeMoTargetBackend, TrainEagle3Recipe
 
+from .exactness import SEED, CpuAutoModel, load_config, start_fleet
 from .nemo_support import build_target, write_chats
 
 TOKEN = "s3cret-trainer-token"
-SEED = 42  # the caller's seed: NeMo's recipe (and ours) build the draft from torch's global RNG
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     root = tmp_path_factory.mktemp("nemo-target")
     return build_target(root / "model"), write_chats(root / "chats.jsonl", 16)
-
-
-def start_fleet(model: Path, hosts: list[str], *serve_args: str) -> list[TargetProcess]:
-    servers = [TargetProcess(host, "--engine", "hf", "--model", str(model), *serve_args) for host in hosts]
-    try:
-        return [server.wait_ready() for server in servers]
-    except BaseException:
-        for server in servers:
-            server.kill()
-        raise
 
 
 @pytest.fixture(scope="module")
@@ -198,14 +186,6 @@ def test_token_auth_on_the_servers(tmp_path, target, data, colocated):
 # -- NeMo's recipe: TrainEagle3Recipe and `eagle3-target train-draft` -------------------------
 
 
-class CpuAutoModel:
-    """The shim for a CPU reference: NeMo's co-located loader assumes CUDA (torch.cuda.current_device)."""
-
-    @staticmethod
-    def from_pretrained(path, torch_dtype, **_):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-
-
 def recipe_yaml(out: Path, target, **extra) -> Path:
     model, chats = target
     config = {
@@ -230,10 +210,6 @@ def recipe_yaml(out: Path, target, **extra) -> Path:
     path = out / "recipe.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def load_config(path: Path, *overrides: str):
-    return parse_args_and_load_config(argv=["--config", str(path), *overrides])
 
 
 def final_weights(checkpoints: Path) -> dict[str, torch.Tensor]:

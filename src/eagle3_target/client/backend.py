@@ -26,6 +26,7 @@ from .capture import CaptureHandle, check_packing
 from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
+from .handles import PendingHandle
 from .options import PoolOptions
 
 
@@ -49,7 +50,7 @@ class TargetBatch:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
-class BatchHandle:
+class BatchHandle(PendingHandle):
     """A pending batch: ``result()`` blocks until the supervision is on the caller's device."""
 
     def __init__(
@@ -60,22 +61,16 @@ class BatchHandle:
         on_device: _DeviceCache,
         packing: dict[str, torch.Tensor] | None = None,
     ):
-        self._future = future
+        super().__init__(future)
         self._inputs = inputs
         self._device = device
         self._on_device = on_device
         self._packing = packing or {}
 
-    def done(self) -> bool:
-        return self._future.done()
-
-    def cancel(self) -> bool:
-        return self._future.cancel()
-
     def result(self, timeout: float | None = None) -> TargetBatch:
         """Decode the (already checked) reply on the caller's device: for "logits" the same ops, in the
         same dtype, as the server runs for "nemo", so the batch is bit-identical on the same device."""
-        reply: Reply = self._future.result(timeout)
+        reply: Reply = self._pending.result(timeout)
         tensors = {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
         inputs = {k: v.to(self._device) for k, v in self._inputs.items()}
         rows = None if reply.head_rows is None else self._on_device(reply.head_rows, self._device)

@@ -10,24 +10,19 @@ from eagle3_target.protocol.features import CAN_PACKING
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .fetch import Reply
+from .handles import PendingHandle
 
 
-class CaptureHandle:
+class CaptureHandle(PendingHandle):
     """A pending capture: ``result()`` blocks until the reply's tensors are on the caller's device."""
 
     def __init__(self, future: concurrent.futures.Future, device: torch.device):
-        self._future = future
+        super().__init__(future)
         self._device = device
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def cancel(self) -> bool:
-        return self._future.cancel()
 
     def result(self, timeout: float | None = None) -> dict[str, torch.Tensor]:
         """The checked reply by key, in the order Features.reply_keys names."""
-        reply: Reply = self._future.result(timeout)
+        reply: Reply = self._pending.result(timeout)
         return {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from ..backend import BatchHandle, RemoteTargetBackend, TargetBatch
+from ..backend import RemoteTargetBackend, TargetBatch
+from ..handles import MappedHandle
 from ..options import PoolOptions
 from ._imports import nemo_module
 from .ranks import fetched_once
@@ -39,22 +40,6 @@ def split_options(options: dict[str, Any]) -> tuple[PoolOptions, dict[str, Any]]
 
 def to_nemo_batch(batch: TargetBatch) -> Eagle3TargetBatch:
     return Eagle3TargetBatch(**batch.as_dict())
-
-
-class NeMoBatchHandle:
-    """The future-like handle NeMo's prefetch loop expects: ``result()`` gives an Eagle3TargetBatch."""
-
-    def __init__(self, handle: BatchHandle):
-        self._handle = handle
-
-    def done(self) -> bool:
-        return self._handle.done()
-
-    def cancel(self) -> bool:
-        return self._handle.cancel()
-
-    def result(self, timeout: float | None = None) -> Eagle3TargetBatch:
-        return to_nemo_batch(self._handle.result(timeout))
 
 
 class NeMoTargetBackend(Eagle3TargetBackend):
@@ -132,12 +117,13 @@ class NeMoTargetBackend(Eagle3TargetBackend):
         position_ids: torch.Tensor | None = None,
         seq_lens: torch.Tensor | None = None,
         doc_remaining: torch.Tensor | None = None,
-    ) -> NeMoBatchHandle:
+    ) -> MappedHandle:
+        """The handle NeMo's prefetch loop expects: ``result()`` gives an Eagle3TargetBatch."""
         packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
         if seq_lens is None and self._noted is not None and self._noted[0] is input_ids:
             packing = self._noted[1]
-        return NeMoBatchHandle(
-            self.remote.generate_batch_async(input_ids, attention_mask, loss_mask, **packing)
+        return MappedHandle(
+            self.remote.generate_batch_async(input_ids, attention_mask, loss_mask, **packing), to_nemo_batch
         )
 
     def noting_packing(self, batches: Iterable[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:

@@ -191,12 +191,7 @@ class RemoteDFlashRecipe(RemoteTargetSection):
 
     def setup(self):
         super().setup()
-        # NeMo's loops ask for each batch's target features as they reach it; the loaders below submit
-        # the next ones ahead, in the order the loops will ask.
-        prefetched = self.target_wrapper.prefetched
-        self.train_dataloader = prefetched.wrap(self.train_dataloader)
-        if self.val_dataloader is not None:
-            self.val_dataloader = prefetched.wrap(self.val_dataloader)
+        self.target_wrapper.prefetched.wrap_loaders(self)
 
 
 class TrainDFlashRecipe(RemoteDFlashRecipe, _dflash.TrainDFlashRecipe):

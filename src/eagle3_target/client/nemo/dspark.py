@@ -88,11 +88,7 @@ class TrainDSparkRecipe(RemoteTargetSection, _dspark.TrainDSparkRecipe):
     def setup(self):
         with fleet_target(_dspark, "HFDSparkTargetModel", self._fleet_wrapper):
             super().setup()
-        # NeMo's loops ask for each batch's features as they reach it: submit the next ones ahead.
-        prefetched = self.target_wrapper.prefetched
-        self.train_dataloader = prefetched.wrap(self.train_dataloader)
-        if self.val_dataloader is not None:
-            self.val_dataloader = prefetched.wrap(self.val_dataloader)
+        self.target_wrapper.prefetched.wrap_loaders(self)
 
     def _fleet_wrapper(self, config_only, *, target_layer_ids, cp_mesh=None) -> RemoteDSparkTarget:
         config = config_only.config

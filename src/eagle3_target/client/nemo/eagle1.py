@@ -69,11 +69,7 @@ class RemoteEagle1Recipe(RemoteTargetSection):
     def setup(self):
         with fleet_target(_eagle1, "HFEagleTargetModel", self._fleet_wrapper):
             super().setup()
-        # NeMo's loops ask for each batch's features as they reach it: submit the next ones ahead.
-        prefetched = self.target_wrapper.prefetched
-        self.train_dataloader = prefetched.wrap(self.train_dataloader)
-        if self.val_dataloader is not None:
-            self.val_dataloader = prefetched.wrap(self.val_dataloader)
+        self.target_wrapper.prefetched.wrap_loaders(self)
 
     def _fleet_wrapper(self, _config_only_target) -> RemoteEagleTarget:
         eagle1 = by_recipe(type(self).__name__)

@@ -16,6 +16,7 @@ import torch
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
 
 from ..backend import RemoteTargetBackend
+from ..handles import MappedHandle
 from .backend import split_options
 from .prefetch import PrefetchedBatches, packing
 
@@ -61,23 +62,6 @@ def open_backend(features: Features, device: torch.device, remote_target: tuple[
     return backend
 
 
-class FeatureHandle:
-    """A pending capture whose ``result()`` is the family's target batch (NeMo's prefetch handle)."""
-
-    def __init__(self, handle, finish):
-        self._handle = handle
-        self._finish = finish
-
-    def done(self) -> bool:
-        return self._handle.done()
-
-    def cancel(self) -> bool:
-        return self._handle.cancel()
-
-    def result(self, timeout: float | None = None):
-        return self._finish(self._handle.result(timeout))
-
-
 class FeatureTarget:
     """NeMo's target-wrapper surface over RemoteTargetBackend's feature capture.
 
@@ -120,10 +104,10 @@ class FeatureTarget:
         captured = self.prefetched.take(input_ids, attention_mask, loss_mask, **packing(packed))
         return self.to_batch(self._on_device(captured), inputs)
 
-    def generate_batch_async(self, input_ids, attention_mask, loss_mask) -> FeatureHandle:
+    def generate_batch_async(self, input_ids, attention_mask, loss_mask) -> MappedHandle:
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
         handle = self.backend.capture_async(input_ids, attention_mask, loss_mask)
-        return FeatureHandle(handle, lambda captured: self.to_batch(self._on_device(captured), inputs))
+        return MappedHandle(handle, lambda captured: self.to_batch(self._on_device(captured), inputs))
 
     def _on_device(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in captured.items()}

@@ -61,8 +61,12 @@ class PrefetchedBatches:
         while self._waiting:
             self._waiting.popleft()[1].cancel()
 
-    def wrap(self, loader) -> PrefetchingLoader:
-        return PrefetchingLoader(loader, self)
+    def wrap_loaders(self, recipe) -> None:
+        """NeMo's loops ask for each batch's target features as they reach it: the recipe's train and
+        validation loaders submit the next ones ahead, in the order the loops will ask."""
+        recipe.train_dataloader = PrefetchingLoader(recipe.train_dataloader, self)
+        if recipe.val_dataloader is not None:
+            recipe.val_dataloader = PrefetchingLoader(recipe.val_dataloader, self)
 
 
 class PrefetchingLoader:

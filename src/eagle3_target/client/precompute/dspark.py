@@ -23,10 +23,10 @@ from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_H
 
 from ..nemo._imports import nemo_module
 from ..nemo.features import dspark_context
-from . import cache, data
+from . import cache, data, runner
 from .options import UsageError
 from .progress import Progress
-from .runner import check_model, check_output, connect, log, shard_len
+from .runner import check_model, check_output, connect, log, plan, shard_len
 from .store import CacheStore
 
 WEIGHTS = "target_weights.safetensors"
@@ -52,25 +52,16 @@ def manifest_bytes(dspark_cache, manifest: dict[str, Any], complete: bool) -> by
 def check_manifest(
     dspark_cache, store: CacheStore, manifest: dict[str, Any], present: set[int], args
 ) -> bool:
-    """A resumed run, or one of several workers, continues a cache only if it was made the same way.
-    Returns whether the recorded manifest already says complete."""
-    recorded = store.read_manifest()
-    if recorded is None:
-        if present:
-            raise UsageError(
-                f"{args.output_dir} has shards but no manifest, so they cannot be verified; "
-                "delete the directory and start fresh"
-            )
-        return False
-    wrong = dspark_cache.manifest_mismatch_fields(recorded, manifest)
-    if recorded.get("format_version") != dspark_cache._FORMAT_VERSION:
-        wrong = ["format_version", *wrong]
-    if wrong:
-        raise UsageError(
-            f"{args.output_dir} holds a cache made with other settings (mismatched fields: {wrong}); "
-            "re-run with the original settings, or use a fresh directory"
-        )
-    return recorded.get("complete") is True
+    """runner.check_manifest with NeMo's DSpark fields; returns whether the recorded manifest says complete."""
+
+    def difference(recorded: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+        wrong = dspark_cache.manifest_mismatch_fields(recorded, manifest)
+        if recorded.get("format_version") != dspark_cache._FORMAT_VERSION:
+            wrong = ["format_version", *wrong]
+        return wrong
+
+    recorded = runner.check_manifest(store, manifest, present, args, difference)
+    return recorded is not None and recorded.get("complete") is True
 
 
 def target_config(args, target_utils):
@@ -175,21 +166,7 @@ def precompute_dspark(args: argparse.Namespace, token: str | None) -> Progress:
         if not complete:
             store.write(cache.MANIFEST, manifest_bytes(dspark_cache, manifest, complete=False))
         store.write(WEIGHTS, weights_bytes(backend, cache.DTYPES[args.dtype]))
-        owned = data.owned_shards(
-            loader_data.num_samples, args.shard_size, args.worker_index, args.worker_count
-        )
-        todo = [s for s in owned if s not in present]
-        worker = f"{args.worker_index + 1}/{args.worker_count}"
-        log.info(
-            "worker %s: %d of %d DSpark shards to write -> %s", worker, len(todo), len(owned), args.output_dir
-        )
-        progress = Progress(
-            sum(shard_len(s, loader_data, args) for s in todo),
-            worker=worker,
-            log_interval=args.log_interval,
-            metrics_file=args.metrics_file,
-            metrics_port=args.metrics_port,
-        )
+        todo, progress = plan(loader_data, present, args, "DSpark shards")
         try:
             write_shards(
                 backend, loader_data, todo, layer_ids, num_layers, store, args, progress, dspark_cache

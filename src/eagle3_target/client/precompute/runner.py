@@ -93,8 +93,11 @@ def build_manifest(args, dataset: data.Dataset, config, aux_layer_ids: list[int]
     }
 
 
-def check_manifest(store: CacheStore, manifest: dict[str, Any], present: set[int], args) -> None:
-    """A resumed run, or one of several workers, continues a cache only if it was made the same way."""
+def check_manifest(
+    store: CacheStore, manifest: dict[str, Any], present: set[int], args, difference=cache.manifest_difference
+) -> dict[str, Any] | None:
+    """A resumed run, or one of several workers, continues a cache only if it was made the same way
+    (``difference(recorded, manifest)`` names the fields that differ). Returns the recorded manifest, if any."""
     recorded = store.read_manifest()
     if recorded is None:
         if present:
@@ -102,13 +105,14 @@ def check_manifest(store: CacheStore, manifest: dict[str, Any], present: set[int
                 f"{args.output_dir} has shards but no manifest, so they cannot be verified; "
                 "delete the directory and start fresh"
             )
-        return
-    wrong = cache.manifest_difference(recorded, manifest)
+        return None
+    wrong = difference(recorded, manifest)
     if wrong:
         raise UsageError(
             f"{args.output_dir} holds a cache made with other settings (mismatched fields: {wrong}); "
             "re-run with the original settings, or use a fresh directory"
         )
+    return recorded
 
 
 def write_shards(backend, dataset: data.Dataset, todo: list[int], store: CacheStore, args, progress) -> None:
@@ -137,6 +141,30 @@ def shard_len(shard: int, dataset: data.Dataset, args) -> int:
     return min(args.shard_size, dataset.num_samples - shard * args.shard_size)
 
 
+def plan(dataset: data.Dataset, present: set[int], args, what: str) -> tuple[list[int], Progress]:
+    """This worker's shards not yet written (logged as ``what``) and the Progress that counts them."""
+    owned = data.owned_shards(dataset.num_samples, args.shard_size, args.worker_index, args.worker_count)
+    todo = [s for s in owned if s not in present]
+    worker = f"{args.worker_index + 1}/{args.worker_count}"
+    log.info(
+        "worker %s: %d of %d %s to write (%d present) -> %s",
+        worker,
+        len(todo),
+        len(owned),
+        what,
+        len(owned) - len(todo),
+        args.output_dir,
+    )
+    progress = Progress(
+        sum(shard_len(s, dataset, args) for s in todo),
+        worker=worker,
+        log_interval=args.log_interval,
+        metrics_file=args.metrics_file,
+        metrics_port=args.metrics_port,
+    )
+    return todo, progress
+
+
 def precompute(args: argparse.Namespace, token: str | None) -> Progress:
     """The run after the argument checks; returns its closed Progress. UsageError for bad input."""
     from transformers import AutoConfig
@@ -162,24 +190,7 @@ def precompute(args: argparse.Namespace, token: str | None) -> Progress:
         backend.set_vocab_mapping(dataset.selected_token_ids, dataset.selected_token_mask)
         store.write(cache.MANIFEST, cache.manifest_bytes(manifest))
         store.write(cache.EMBEDDINGS, cache.embeddings_bytes(backend.get_input_embeddings().weight))
-        owned = data.owned_shards(dataset.num_samples, args.shard_size, args.worker_index, args.worker_count)
-        todo = [s for s in owned if s not in present]
-        worker = f"{args.worker_index + 1}/{args.worker_count}"
-        log.info(
-            "worker %s: %d of %d shards to write (%d present) -> %s",
-            worker,
-            len(todo),
-            len(owned),
-            len(owned) - len(todo),
-            args.output_dir,
-        )
-        progress = Progress(
-            sum(shard_len(s, dataset, args) for s in todo),
-            worker=worker,
-            log_interval=args.log_interval,
-            metrics_file=args.metrics_file,
-            metrics_port=args.metrics_port,
-        )
+        todo, progress = plan(dataset, present, args, "shards")
         try:
             write_shards(backend, dataset, todo, store, args, progress)
         finally:

@@ -8,7 +8,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
-from eagle3_target.protocol.features import Features
+from eagle3_target.protocol.features import (
+    CAN_DRAFT_PROBS,
+    CAN_EMBEDDING,
+    CAN_FINAL_HIDDEN,
+    CAN_LAYERS,
+    CAN_LOGITS,
+    Features,
+)
 from eagle3_target.protocol.model_info import (
     ModelInfo,
     config_digest,
@@ -188,6 +195,9 @@ class HiddenStateRunner(TargetRunner, Protocol):
 
 class FinalHiddenRunner:
     """A runner that also captures the final normed hidden state: ``forward`` drops it."""
+
+    # The features such a runner's forward_hidden serves (packing is each engine's own to offer)
+    FEATURES = (CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **packed: torch.Tensor

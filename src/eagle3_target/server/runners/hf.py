@@ -10,11 +10,6 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 from eagle3_target.protocol.features import (
-    CAN_DRAFT_PROBS,
-    CAN_EMBEDDING,
-    CAN_FINAL_HIDDEN,
-    CAN_LAYERS,
-    CAN_LOGITS,
     CAN_PACKING,
     WEIGHT_FINAL_NORM,
     WEIGHT_LM_HEAD,
@@ -113,7 +108,7 @@ class HFRunner(FinalHiddenRunner):
             dtype=param.dtype,
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
-            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS)
+            features=self.FEATURES
             # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only)
             + (() if "flash" in (getattr(config, "_attn_implementation", None) or "") else (CAN_PACKING,)),
             weights=tuple(n for n in WEIGHT_NAMES if n != WEIGHT_FINAL_NORM or final_norm(model) is not None),

@@ -13,11 +13,6 @@ import torch
 
 from eagle3_target.protocol.encodings import ENCODINGS
 from eagle3_target.protocol.features import (
-    CAN_DRAFT_PROBS,
-    CAN_EMBEDDING,
-    CAN_FINAL_HIDDEN,
-    CAN_LAYERS,
-    CAN_LOGITS,
     WEIGHT_INPUT_EMBEDDINGS,
     WEIGHT_LM_HEAD,
 )
@@ -62,7 +57,7 @@ class SyntheticRunner(FinalHiddenRunner):
                 "vocab_size": vocab_size,
                 "num_hidden_layers": num_hidden_layers,
             },
-            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS),
+            features=self.FEATURES,
             weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
         )
         self.forward_delay = forward_delay

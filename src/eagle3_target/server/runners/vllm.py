@@ -23,11 +23,6 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 from eagle3_target.protocol.features import (
-    CAN_DRAFT_PROBS,
-    CAN_EMBEDDING,
-    CAN_FINAL_HIDDEN,
-    CAN_LAYERS,
-    CAN_LOGITS,
     WEIGHT_INPUT_EMBEDDINGS,
     WEIGHT_LM_HEAD,
     WEIGHT_NAMES,
@@ -257,7 +252,7 @@ class VLLMRunner(FinalHiddenRunner):
             device=device,
             encodings=ENCODINGS if plain else EXACT_ENCODINGS,
             config=defining_config(hf_config.to_diff_dict()),
-            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS),
+            features=self.FEATURES,
             weights=WEIGHT_NAMES if plain else (WEIGHT_INPUT_EMBEDDINGS,),
         )
         # One token sampled greedily per row: the prefill is what we want, the sample is thrown away.
