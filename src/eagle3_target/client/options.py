@@ -43,8 +43,8 @@ class PoolOptions:
             raise ValueError(f"unknown dispatch policy {self.policy!r}; choose {', '.join(POLICIES)}")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
-        if not 0 < self.wait_log_interval <= self.wait_log_max:
-            raise ValueError("wait_log_interval must be positive and at most wait_log_max")
+        if self.wait_log_interval <= 0:
+            raise ValueError("wait_log_interval must be positive")
 
     def wait_warnings(self, now: float) -> WaitWarnings:
         """The warning schedule of a wait that starts at ``now`` (loop time)."""
@@ -53,10 +53,10 @@ class PoolOptions:
 
 class WaitWarnings:
     """When a wait warns again: ``first`` seconds after it starts, then after twice the last gap, at most
-    ``most``, so a long wait keeps saying why without saying it every few seconds."""
+    ``most`` (or ``first``, if longer), so a long wait keeps saying why without saying it every few seconds."""
 
     def __init__(self, now: float, first: float, most: float):
-        self.gap, self.most, self.at = first, most, now + first
+        self.gap, self.most, self.at = first, max(first, most), now + first
 
     def due(self, now: float) -> bool:
         """True once ``now`` reaches the next warning, which is then scheduled."""
