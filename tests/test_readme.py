@@ -33,6 +33,15 @@ def test_ci_runs_the_readme_test_command():
     assert readme_commands()[1] in ci
 
 
+def test_ci_installs_every_commands_extra_as_a_user_does():
+    """.ci/extras: each extra a command needs, with full dependency resolution, and that command run."""
+    assert ".ci/extras" in (ROOT / ".ci" / "run").read_text().splitlines()
+    script = (ROOT / ".ci" / "extras").read_text()
+    extras = re.search(r"^EXTRAS=\((.+)\)$", script, re.M)[1].split()
+    assert sorted(extras) == sorted({extra for _, _, extra in COMMANDS.values()})
+    assert not re.search(r"^[^#]*--no-deps", script, re.M)  # a comment may say why it is not here
+
+
 FRESH_ENV = "EAGLE3_TARGET_FRESH_INSTALL"
 
 

@@ -11,7 +11,9 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
+import warnings
 
 from . import __version__
 from .exits import CommandError, Exit
@@ -20,7 +22,8 @@ DESCRIPTION = (
     "Serve frozen EAGLE-3 target models as a fleet of HTTP servers, run the operator that manages them "
     "on Kubernetes, and probe, benchmark and train EAGLE-3 drafts against them."
 )
-# command -> (module exposing add_arguments(parser) and run(args) -> int, help, the extra it needs)
+# command -> (module exposing add_arguments(parser) and run(args) -> int, help, the extra it needs); a module's
+# OWN_LOGGERS names the other libraries' loggers whose lines are the command's own (configure_logging)
 COMMANDS = {
     "serve": ("eagle3_target.server.cli", "run a target server", "server"),
     "operator": ("eagle3_target.operator.cli", "run the Eagle3Target operator", "operator"),
@@ -132,12 +135,39 @@ def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object]:
     return parser, command
 
 
-def configure_logging(level: str, form: str) -> None:
-    # Logs go to stderr, so a command's stdout (probe --json) stays machine-readable.
+# Read by torch, transformers and huggingface_hub when first imported: their own handlers print past ours.
+QUIET_ENV = {"TORCH_LOGS": "-torch", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+class OwnLines(logging.Filter):
+    """Records at the chosen level from the command's own loggers; other libraries' only from ERROR up, unless
+    the level is DEBUG. On the handler, so a library that resets the root's level (NeMo does) changes nothing."""
+
+    def __init__(self, level: str, own: tuple[str, ...]):
+        super().__init__()
+        self.level, self.own = logging.getLevelName(level), own
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.level:
+            return False
+        if self.level <= logging.DEBUG or record.levelno >= logging.ERROR:
+            return True
+        return any(record.name == name or record.name.startswith(name + ".") for name in self.own)
+
+
+def configure_logging(level: str, form: str, own: tuple[str, ...] = ("eagle3_target",)) -> None:
+    """Logs go to stderr, so a command's stdout (probe --json) stays machine-readable. Below DEBUG a command
+    prints its own lines only: other libraries' INFO and warnings, and Python's warnings, are dropped."""
     handler = logging.StreamHandler()
     text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler.setFormatter(JsonFormatter() if form == "json" else text)
+    handler.addFilter(OwnLines(level, own))
     logging.basicConfig(level=level, handlers=[handler])
+    if level != "DEBUG":
+        for name, value in QUIET_ENV.items():
+            os.environ.setdefault(name, value)
+        if not sys.warnoptions:  # -W or $PYTHONWARNINGS: the user's choice stands
+            warnings.simplefilter("ignore")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         elif unknown:
             hint = f"see eagle3-target {chosen} --help"
             raise CommandError(f"unrecognized arguments: {' '.join(unknown)} ({hint})", Exit.USAGE)
-        configure_logging(args.log_level, args.log_format)
+        own = ("eagle3_target", *getattr(command, "OWN_LOGGERS", ()))
+        configure_logging(args.log_level, args.log_format, own)
         return int(command.run(args))
     except CommandError as exc:
         print(f"eagle3-target {chosen}: error: {exc}", file=sys.stderr)

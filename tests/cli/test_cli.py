@@ -152,3 +152,37 @@ def test_the_operator_without_cluster_credentials_says_so_at_once(tmp_path):
         done.stderr.startswith("eagle3-target operator: error: no cluster credentials")
         and "$KUBECONFIG" in done.stderr
     )
+
+
+NOISE = """
+import logging, sys, warnings
+from eagle3_target.cli import configure_logging
+from eagle3_target.client.cli_train_draft import OWN_LOGGERS
+configure_logging(sys.argv[1], "text", ("eagle3_target", *OWN_LOGGERS))
+logging.getLogger().setLevel(logging.DEBUG)  # as NeMo's setup_logging() resets it
+import torch  # after the CLI set its environment, as a command's run() imports it
+logging.getLogger("torch.utils._pytree").warning("pytree notice")
+logging.getLogger("nemo_automodel._transformers").info("nemo info")
+logging.getLogger("torchao").warning("torchao warning")
+warnings.warn("import-time warning")
+logging.getLogger("eagle3_target.client").info("our line")
+logging.getLogger("nemo_automodel.recipes.llm.train_eagle3").info("the recipe's step line")
+logging.getLogger("kopf.reactor").error("their error")
+"""
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_below_debug_a_command_prints_its_own_lines_only(level):
+    """Other libraries' INFO and warnings (NeMo, torchao, torch's _pytree notices) and Python's warnings are
+    silenced below DEBUG; their errors and the command's own lines (train-draft: NeMo's recipe) are not."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TORCH_LOGS")}
+    done = subprocess.run(
+        [sys.executable, "-c", NOISE, level], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    shown = {t for t in ("pytree", "nemo info", "torchao", "import-time") if t in done.stderr}
+    assert shown == (set() if level == "INFO" else {"pytree", "nemo info", "torchao", "import-time"}), (
+        done.stderr
+    )
+    for line in ("our line", "the recipe's step line", "their error"):
+        assert line in done.stderr, done.stderr

@@ -1,15 +1,21 @@
-"""While the client waits for servers it says, every few seconds, which it cannot reach and why."""
+"""While the client waits for servers it says which it cannot reach and why: after 5 s, then backing off
+(10, 20, 40, 60 s, then every 60 s)."""
 
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
+from types import SimpleNamespace
 
+import dns.resolver
 import pytest
 from aiohttp import web
 
 from eagle3_target.client import BatchFailedError, EndpointError, PoolOptions, RemoteTargetBackend
+from eagle3_target.client.endpoints import EndpointResolver, parse_specs
+from eagle3_target.client.membership import Member, Membership
 
 from ..target_support import free_port
 
@@ -48,17 +54,77 @@ def warnings_naming(caplog, text: str) -> list[logging.LogRecord]:
 
 
 def test_a_wrong_url_is_named_with_its_reason_within_seconds(caplog):
-    """A closed port: the default wait_log_interval (5 s) names it long before start_timeout."""
+    """A closed port: named after 5 s (the default wait_log_interval), then not again for 10 s."""
     caplog.set_level(logging.WARNING, logger="eagle3_target.client")
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.time()
     with pytest.raises(BatchFailedError, match="no target server became ready within 12s"):
         RemoteTargetBackend(url, options=PoolOptions(start_timeout=12))
     warnings = warnings_naming(caplog, url)
-    assert len(warnings) >= 2, [r.getMessage() for r in caplog.records]  # at ~5 s and ~10 s
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]  # at ~5 s; the next is due at ~15 s
     assert warnings[0].created - started < 7
     assert "Connection refused" in warnings[0].getMessage()
-    assert warnings[1].created - warnings[0].created >= 4.5  # every few seconds, not in a busy loop
+
+
+# Over NeMo's 300 s start timeout: after 5 s, then 10, 20, 40, 60 s apart, then every 60 s.
+BACKING_OFF = [5, 15, 35, 75, 135, 195, 255]
+
+
+@pytest.fixture
+async def fake_clock(monkeypatch):
+    """The running loop's clock, moved only by the test: a 300 s wait takes no time."""
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: clock.now)
+    return clock
+
+
+def warned_at(caplog, text: str) -> list[int]:
+    return [int(re.search(r"after (\d+)s", r.getMessage())[1]) for r in warnings_naming(caplog, text)]
+
+
+async def test_waiting_for_a_dead_server_warns_backing_off(caplog, fake_clock, monkeypatch):
+    async def wait_changed(self, timeout):  # nothing changes: the wait runs out
+        fake_clock.now += timeout
+        return False
+
+    monkeypatch.setattr(Membership, "wait_changed", wait_changed)
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    membership = Membership(resolver=None, connect=None, options=PoolOptions())
+    url = "http://127.0.0.1:9"
+    why = "cannot connect to 127.0.0.1:9: Connection refused"
+    membership.members[url] = Member(conn=SimpleNamespace(url=url), last_error=why)
+    with pytest.raises(BatchFailedError, match="within 300s"):
+        await membership._first_healthy(deadline=300.0)
+    assert warned_at(caplog, f"{url} joining ({why})") == BACKING_OFF
+
+
+async def test_waiting_for_a_name_to_resolve_warns_backing_off(caplog, fake_clock, monkeypatch):
+    async def sleep(seconds):
+        fake_clock.now += seconds
+
+    async def nxdomain():
+        raise dns.resolver.NXDOMAIN()
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    spec = "dns://missing.team.svc.cluster.local:8001"
+    resolver = EndpointResolver(parse_specs(spec))
+    resolver.resolve = nxdomain
+    with pytest.raises(EndpointError, match="did not resolve in time"):
+        await resolver.resolve_until(300.0)
+    assert warned_at(caplog, spec) == BACKING_OFF
+    assert all("NXDOMAIN" in r.getMessage() for r in warnings_naming(caplog, spec))
+
+
+def test_the_schedule_is_the_options():
+    options = PoolOptions(wait_log_interval=1, wait_log_max=4)
+    warn, due = options.wait_warnings(0.0), []
+    for now in range(20):
+        if warn.due(now):
+            due.append(now)
+    assert due == [1, 3, 7, 11, 15, 19]
+    warn = PoolOptions(wait_log_interval=90).wait_warnings(0.0)  # a first gap past the cap stays the gap
+    assert [warn.due(t) for t in (90, 179, 180)] == [True, False, True]
 
 
 def test_a_name_that_does_not_resolve_is_named_with_the_dns_answer(caplog, dns_server):

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 from nemo_automodel.components.speculative import precompute_eagle3
@@ -77,6 +80,19 @@ def test_an_empty_fleet(target, tmp_path, capsys):
     assert precompute(*argv(url, tmp_path / "out", *target, "--start-timeout", "2")) == Exit.UNREACHABLE
     assert one_error_line(capsys).startswith(f"no target server became ready within 2s: {url} ")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_refusal_in_a_process_of_its_own_is_exactly_one_line(target, tmp_path):
+    """At the default log level, with NeMo's, torchao's and torch's import-time notices in the same process."""
+    (tmp_path / "shard-000000.safetensors").write_bytes(b"a finished run")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TORCH_LOGS")}
+    command = [sys.executable, "-m", "eagle3_target.cli", *argv(closed_port(), tmp_path, *target)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr
+        == f"eagle3-target precompute: error: {tmp_path} already has shards; pass --resume to continue or use a fresh dir\n"
+    )
 
 
 def test_a_fleet_serving_another_model(hf_server, slow_fleet, target, tmp_path, capsys):

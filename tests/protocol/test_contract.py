@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from eagle3_target.protocol import contract
-from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError
+from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError, config_digest
 
 FULL = {
     "num_hidden_layers": 32,
@@ -107,3 +107,11 @@ def test_difference_names_the_identity_fields_that_differ_and_nothing_else():
         "aux_layer_ids: [2, 15, 28] (expected [1, 15, 28])"
     ]
     assert "aux_layer_ids=[1, 15, 28]" in ours.describe() and "dtype=bfloat16" in ours.describe()
+
+
+def test_the_config_digest_is_the_models_not_the_librarys():
+    """A fleet on one transformers and a trainer on NeMo's pinned 5.18.0 read one config alike."""
+    config = {"model_type": "llama", "num_hidden_layers": 8, "transformers_version": "5.24.0"}
+    same = {**config, "transformers_version": "5.18.0", "_name_or_path": "/elsewhere", "dtype": "float32"}
+    assert config_digest(config) == config_digest(same)
+    assert config_digest(config) != config_digest({**config, "num_hidden_layers": 9})

@@ -107,8 +107,8 @@ class RemoteTargetBackend:
     A server that cannot serve it is refused (FeatureError). ``generate_batch`` works alongside.
 
     The constructor returns once one server is ready. It waits at most ``options.start_timeout``
-    (300 s), warning every ``options.wait_log_interval`` (5 s) which servers it cannot reach and why,
-    then raises EndpointError (no name resolved) or BatchFailedError (no server became ready).
+    (300 s), warning which servers it cannot reach and why after ``options.wait_log_interval`` (5 s), then
+    backing off to every ``options.wait_log_max`` (60 s), then raises EndpointError (no name resolved) or BatchFailedError (no server became ready).
     """
 
     def __init__(

@@ -14,6 +14,8 @@ from eagle3_target.exits import CommandError, Exit
 
 # The top-level CLI hands the arguments it does not know to this command as args.overrides.
 ACCEPTS_OVERRIDES = True
+# NeMo's recipe logs the run (steps, losses, checkpoints): those lines are this command's own.
+OWN_LOGGERS = ("nemo_automodel.recipes.llm.train_eagle3",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

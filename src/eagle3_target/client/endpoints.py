@@ -25,6 +25,8 @@ import dns.resolver
 from eagle3_target.protocol import contract
 from eagle3_target.protocol.contract import DEFAULT_PORT, SERVICE_ENV
 
+from .options import PoolOptions
+
 log = logging.getLogger(__name__)
 
 DNS_ERRORS = (dns.exception.DNSException,)
@@ -164,13 +166,17 @@ class EndpointResolver:
         return found
 
     async def resolve_until(
-        self, deadline: float, first_delay: float = 0.2, max_delay: float = 5.0, warn_every: float = 5.0
+        self,
+        deadline: float,
+        first_delay: float = 0.2,
+        max_delay: float = 5.0,
+        options: PoolOptions | None = None,
     ) -> list[str]:
         """Retry with bounded, jittered backoff until some URL resolves or ``deadline`` (loop time) passes,
-        warning every ``warn_every`` seconds which names do not resolve and why."""
+        warning on the schedule of ``options`` (PoolOptions' defaults) which names do not resolve and why."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        warn_at = started + warn_every
+        warn = (options or PoolOptions()).wait_warnings(started)
         delay = first_delay
         names = ", ".join(str(s) for s in self.specs)
         while True:
@@ -186,10 +192,10 @@ class EndpointResolver:
                 raise EndpointError(
                     f"target endpoints {names} did not resolve in time; last error: {problem}"
                 )
-            if now >= warn_at:
+            if warn.due(now):
                 log.warning(
                     "target endpoints %s do not resolve after %.0fs: %s", names, now - started, problem
                 )
-                warn_at = now + warn_every
-            await asyncio.sleep(min(deadline - now, delay * random.uniform(0.5, 1.0)))
+            # no later than the next warning, so it comes on time whatever the backoff
+            await asyncio.sleep(min(min(deadline, warn.at) - now, delay * random.uniform(0.5, 1.0)))
             delay = min(max_delay, delay * 2)

@@ -86,10 +86,10 @@ class Membership:
 
     async def start(self) -> None:
         """Resolve (with backoff), check every reachable server's model, wait for one healthy server,
-        warning every ``wait_log_interval`` which servers are not ready and why."""
+        warning on the options' schedule (wait_log_interval, backing off) which are not ready and why."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.start_timeout
-        urls = await self.resolver.resolve_until(deadline, warn_every=self.options.wait_log_interval)
+        urls = await self.resolver.resolve_until(deadline, options=self.options)
         probe = min(10.0, self.options.request_timeout)
         infos = await self.model.check_fleet(urls, lambda url: self.connect(url, probe).model_info())
         for url in urls:
@@ -100,7 +100,7 @@ class Membership:
     async def _first_healthy(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        report_at = started + self.options.wait_log_interval
+        warn = self.options.wait_warnings(started)
         async with self.changed:
             while not self.healthy():
                 refused = [m.refusal for m in self.members.values() if m.refusal is not None]
@@ -112,15 +112,14 @@ class Membership:
                         f"no target server became ready within {self.options.start_timeout:.0f}s: "
                         + self.describe()
                     )
-                if now >= report_at:
+                if warn.due(now):
                     log.warning(
                         "no target server ready after %.0fs (start_timeout %.0fs): %s",
                         now - started,
                         self.options.start_timeout,
                         self.describe(),
                     )
-                    report_at = now + self.options.wait_log_interval
-                await self.wait_changed(min(deadline, report_at) - now)
+                await self.wait_changed(min(deadline, warn.at) - now)
 
     async def settle(self, timeout: float) -> int:
         """Wait (at most ``timeout``) until no server is still joining; return how many are healthy."""

@@ -16,9 +16,10 @@ class PoolOptions:
     request_timeout: float = 120.0  # one attempt on one server
     deadline: float = 600.0  # all attempts of one request, failover included
     start_timeout: float = 300.0  # resolving and the first healthy server
-    wait_log_interval: float = (
-        5.0  # while waiting for servers, a warning naming the unreachable ones this often
-    )
+    # While waiting for servers, a warning names the unreachable ones and why: first after wait_log_interval,
+    # then after twice the last gap, at most wait_log_max (5, 10, 20, 40, 60, 60 ... s).
+    wait_log_interval: float = 5.0
+    wait_log_max: float = 60.0
     max_in_flight: int = 1  # per server, as NeMo
     policy: str = "least-loaded"
     resolve_interval: float = 30.0
@@ -50,3 +51,23 @@ class PoolOptions:
             raise ValueError("max_in_flight must be at least 1")
         if self.wait_log_interval <= 0:
             raise ValueError("wait_log_interval must be positive")
+
+    def wait_warnings(self, now: float) -> WaitWarnings:
+        """The warning schedule of a wait that starts at ``now`` (loop time)."""
+        return WaitWarnings(now, self.wait_log_interval, self.wait_log_max)
+
+
+class WaitWarnings:
+    """When a wait warns again: ``first`` seconds after it starts, then after twice the last gap, at most
+    ``most`` (or ``first``, if longer), so a long wait keeps saying why without saying it every few seconds."""
+
+    def __init__(self, now: float, first: float, most: float):
+        self.gap, self.most, self.at = first, max(first, most), now + first
+
+    def due(self, now: float) -> bool:
+        """True once ``now`` reaches the next warning, which is then scheduled."""
+        if now < self.at:
+            return False
+        self.gap = min(self.most, self.gap * 2)
+        self.at = now + self.gap
+        return True

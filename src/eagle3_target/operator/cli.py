@@ -9,6 +9,9 @@ import os
 from ..exits import CommandError, Exit
 from .config import OperatorConfig, package_default_image
 
+# kopf's per-object lines (a handler succeeded, retried, failed) are the operator's own work log.
+OWN_LOGGERS = ("kopf.objects",)
+
 
 def _seconds(text: str) -> float:
     try:

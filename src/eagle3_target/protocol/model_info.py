@@ -19,7 +19,9 @@ IDENTITY_KEYS = (*NEMO_KEYS, "dtype", "config_digest")
 
 
 # Config keys that name or place a model rather than define it: two copies of one model digest alike.
-UNDIGESTED_CONFIG_KEYS = ("_name_or_path", "torch_dtype", "dtype")
+# transformers_version is the library that wrote the config: a fleet's and a trainer's differ (NeMo 0.7.0 pins
+# transformers 5.18.0) while the model is one.
+UNDIGESTED_CONFIG_KEYS = ("_name_or_path", "torch_dtype", "dtype", "transformers_version")
 
 
 def defining_config(config: Mapping[str, Any]) -> dict[str, Any]:
