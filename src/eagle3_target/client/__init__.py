@@ -14,6 +14,7 @@ _EXPORTS = {
     "ModelMismatchError": ".identity",
     "PoolOptions": ".options",
     "RemoteTargetBackend": ".backend",
+    "RequestRejected": ".connection",
     "ServerConnection": ".connection",
     "ServerError": ".connection",
     "TargetBatch": ".backend",
@@ -26,6 +27,7 @@ __all__ = [
     "ModelMismatchError",
     "PoolOptions",
     "RemoteTargetBackend",
+    "RequestRejected",
     "ServerConnection",
     "ServerError",
     "TargetBatch",
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from eagle3_target.protocol.encodings import EncodingError
 
     from .backend import BatchHandle, RemoteTargetBackend, TargetBatch
-    from .connection import ServerConnection, ServerError
+    from .connection import RequestRejected, ServerConnection, ServerError
     from .endpoints import EndpointError
     from .errors import BatchFailedError
     from .identity import ModelMismatchError

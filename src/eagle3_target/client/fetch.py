@@ -1,21 +1,29 @@
-"""One batch's supervision from one server: over p2p or the wire, checked complete.
+"""One batch's supervision from one server: over p2p or the wire, checked complete and bound to its request.
 
 The one place that knows the data path of /generate. A 409 ``no_vocab_mapping``
-means the server lost our session (a restart or expiry): the mapping is re-sent
+means the server lost our session (a restart or expiry): the mapping is re-sent,
+/model_info is read again (a server that came back as another model is refused)
 and the request repeated once, here and nowhere else (/generate is idempotent).
+Every reply is read under the limit its batch and encoding allow (limits.py) and
+checked before it is returned: keys, dtypes, shapes, finite values, the echo of
+the request (binding.py). A failed check is a server fault: the pool fails over.
 """
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from eagle3_target.protocol import contract, encodings, wire
+from eagle3_target.protocol import binding, contract, encodings, wire
 
 from .agreement import Agreement
 from .connection import ServerConnection, ServerError
+from .errors import ServerFault
+from .limits import blob_limit
 from .p2p import P2PChannel
 
 Answer = tuple[Mapping[str, str], dict[str, torch.Tensor | None]]  # reply headers, tensors
@@ -30,6 +38,20 @@ class Reply:
     head_rows: torch.Tensor | None = None  # the draft vocabulary's lm_head rows, for "hidden"
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One /generate as sent: its body, what its reply must look like, and how it proves it is ours."""
+
+    body: bytes
+    want: encodings.Expected
+    limit: int
+    request_id: str
+    digest: str
+
+    def headers(self, agreement: Agreement) -> dict[str, str]:
+        return {**agreement.request_headers(), contract.REQUEST_ID_HEADER: self.request_id}
+
+
 async def fetch_supervision(
     conn: ServerConnection,
     agreement: Agreement,
@@ -38,44 +60,84 @@ async def fetch_supervision(
     vocab_blob: bytes | None,
 ) -> Reply:
     """The reply to one /generate of ``request`` (``shape``: batch, seq, draft vocabulary), in the
-    agreed encoding, checked for every key, dtype and shape before it is returned, so an incomplete
-    reply fails over like a dropped connection."""
+    agreed encoding, checked before it is returned, so a wrong reply fails over like a dropped one."""
+    batch, seq, draft_vocab = shape
+    hidden = agreement.info.hidden_size
+    want = encodings.expected(agreement.encoding, batch, seq, hidden, draft_vocab, agreement.dtype)
+    asked = _Request(request, want, blob_limit(want), uuid.uuid4().hex, binding.digest(request))
     try:
-        reply_headers, tensors = await _generate(conn, agreement, request)
+        reply_headers, tensors = await _generate(conn, agreement, asked)
     except ServerError as exc:
         if exc.status != 409 or exc.error != "no_vocab_mapping" or vocab_blob is None:
             raise
         await conn.set_vocab_mapping(vocab_blob)
-        reply_headers, tensors = await _generate(conn, agreement, request)
+        await _same_model(conn, agreement)
+        reply_headers, tensors = await _generate(conn, agreement, asked)
     sent = reply_headers.get(contract.ENCODING_HEADER, encodings.NEMO)
     if sent != agreement.encoding:
         raise wire.WireError(f"{conn.url}: asked for encoding {agreement.encoding!r}, the reply is {sent!r}")
-    batch, seq, draft_vocab = shape
-    hidden = agreement.info.hidden_size
-    want = encodings.expected(agreement.encoding, batch, seq, hidden, draft_vocab, agreement.dtype)
+    if agreement.info.request_binding == binding.SCHEME:
+        binding.check_echo(reply_headers, asked.request_id, asked.digest)
     encodings.check(tensors, want)
+    await asyncio.get_running_loop().run_in_executor(
+        None, _check_values, agreement.encoding, tensors, request
+    )
     return Reply(agreement.encoding, {k: tensors[k] for k in want})
+
+
+def _check_values(encoding: str, tensors: dict[str, torch.Tensor], request: bytes) -> None:
+    """Finite supervision, and for "nemo" the request's own inputs echoed (a pass over the reply: off the loop)."""
+    binding.check_finite(tensors)
+    if encoding == encodings.NEMO:
+        sent = wire.decode(request)
+        binding.check_inputs_echo(tensors, sent["input_ids"], sent["loss_mask"])
+
+
+async def _same_model(conn: ServerConnection, agreement: Agreement) -> None:
+    """After the server lost our session: it must still serve the model we agreed on."""
+    info = await conn.model_info()
+    diff = agreement.info.difference(info)
+    if diff:
+        raise ServerFault(f"{conn.url} came back serving another model: {'; '.join(diff)}")
 
 
 async def fetch_lm_head(conn: ServerConnection, agreement: Agreement, draft_vocab: int) -> torch.Tensor:
     """The lm_head rows of our draft vocabulary [Vd, H] (for the "hidden" encoding), checked."""
-    tensors = await conn.lm_head()
-    encodings.check(tensors, {"weight": (agreement.dtype, (draft_vocab, agreement.info.hidden_size))})
+    return await _fetch_weight(conn, contract.LM_HEAD, agreement, (draft_vocab, agreement.info.hidden_size))
+
+
+async def fetch_input_embeddings(conn: ServerConnection, agreement: Agreement) -> torch.Tensor:
+    """The target's input embedding [V, H], checked against the model agreed at join."""
+    info = agreement.info
+    return await _fetch_weight(
+        conn, contract.INPUT_EMBEDDINGS, agreement, (info.vocab_size, info.hidden_size)
+    )
+
+
+async def _fetch_weight(
+    conn: ServerConnection, path: str, agreement: Agreement, shape: tuple[int, int]
+) -> torch.Tensor:
+    want = {"weight": (agreement.dtype, shape)}
+    tensors = await conn.weight(path, blob_limit(want))
+    encodings.check(tensors, want)
+    binding.check_finite({"weight": tensors["weight"]})
     return tensors["weight"]
 
 
-async def _generate(conn: ServerConnection, agreement: Agreement, request: bytes) -> Answer:
-    headers = agreement.request_headers()
+async def _generate(conn: ServerConnection, agreement: Agreement, asked: _Request) -> Answer:
+    headers = asked.headers(agreement)
     if agreement.p2p is not None:
-        answer = await _over_p2p(conn, agreement.p2p, request, headers)
+        answer = await _over_p2p(conn, agreement.p2p, asked, headers)
         if answer is not None:
             return answer
-    response, tensors = await conn.post_tensors(contract.GENERATE, request, headers=headers)
+    response, tensors = await conn.post_tensors(
+        contract.GENERATE, asked.body, headers=headers, limit=asked.limit
+    )
     return response.headers, tensors
 
 
 async def _over_p2p(
-    conn: ServerConnection, channel: P2PChannel, request: bytes, headers: dict[str, str]
+    conn: ServerConnection, channel: P2PChannel, asked: _Request, headers: dict[str, str]
 ) -> Answer | None:
     """The reply over the channel's group; None means "use the wire" (no group now, or it failed)."""
     async with channel.lock:
@@ -83,7 +145,10 @@ async def _over_p2p(
             return None
         try:
             response, payload = await conn.post(
-                contract.GENERATE, request, headers={**headers, **channel.request_headers()}
+                contract.GENERATE,
+                asked.body,
+                headers={**headers, **channel.request_headers()},
+                limit=asked.limit,
             )
         except ServerError as exc:
             channel.reset(f"/generate answered {exc.status}")  # our session (and its group) may be gone
@@ -94,5 +159,5 @@ async def _over_p2p(
         if response.headers.get(contract.NCCL_HEADER) != "1":
             channel.reset("the server answered over the wire")
             return response.headers, wire.decode(payload)
-        tensors = await channel.receive(response.headers, payload)
+        tensors = await channel.receive(response.headers, payload, asked.want)
         return None if tensors is None else (response.headers, tensors)

@@ -53,6 +53,8 @@ class Member:
     refusal: BaseException | None = None
     agreement: Agreement | None = None  # set at each admission, whole
     probed_info: ModelInfo | None = None  # /model_info read before the first join, used by it
+    strikes: int = 0  # quarantines since its last good answer: each doubles the wait before it rejoins
+    rest_until: float = 0.0  # loop time before which it takes no request (it answered 429 + Retry-After)
     tasks: set[asyncio.Task] = field(default_factory=set)
 
     @property
@@ -178,7 +180,11 @@ class Membership:
 
     async def _join(self, member: Member) -> None:
         """Admit ``member``, retrying with backoff while it is not ready; refuse it for good on a
-        different model, an encoding it lacks, or a 4xx (a wrong token, say)."""
+        different model, an encoding it lacks, or a 4xx (a wrong token, say). Any other failure (an
+        answer no correct server gives included) quarantines it with the reason; this task never dies
+        of one. A member quarantined before waits first, longer with each strike."""
+        if member.strikes:
+            await asyncio.sleep(self.readmit_delay(member.strikes))
         delay = self.options.backoff_base
         while member.state in (MemberState.JOINING, MemberState.QUARANTINED):
             try:
@@ -189,10 +195,24 @@ class Membership:
                     self._refuse(member, exc)
                     return
                 member.last_error = short(exc)
-            except TRANSIENT_ERRORS as exc:
-                member.last_error = short(exc)
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                member.last_error = short(exc)  # not up (yet): keep waiting quietly
+            except Exception as exc:  # a server fault: it answers, wrongly
+                self._join_fault(member, exc)
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(self.options.backoff_max, delay * 2)
+
+    def readmit_delay(self, strikes: int) -> float:
+        return min(self.options.readmit_backoff_max, self.options.backoff_base * 4**strikes)
+
+    def _join_fault(self, member: Member, exc: BaseException) -> None:
+        why = short(exc)
+        if why != member.last_error:
+            log.warning("%s cannot join: %s", member.url, why)
+        member.last_error = why
+        if member.state == MemberState.JOINING:
+            member.state = MemberState.QUARANTINED
+            self.notify()
 
     def _refuse(self, member: Member, exc: BaseException) -> None:
         member.state = MemberState.REFUSED
@@ -232,7 +252,7 @@ class Membership:
                 return
             try:
                 await member.conn.heartbeat()
-            except (ServerError, *TRANSIENT_ERRORS) as exc:
+            except Exception as exc:  # any answer but a good one: this task must not die of it
                 self.quarantine(member, exc)
                 return
 
@@ -244,8 +264,17 @@ class Membership:
         if member.state != MemberState.HEALTHY:
             return
         log.warning("quarantining %s: %s", member.url, member.last_error)
+        member.strikes += 1
         member.state = MemberState.QUARANTINED
         self._start_member_task(member, self._join(member))
+        self.notify()
+
+    def rest(self, member: Member, seconds: float) -> None:
+        """Backpressure (429 + Retry-After): no requests to ``member`` for ``seconds``; it stays healthy."""
+        loop = asyncio.get_running_loop()
+        if member.rest_until <= loop.time():
+            log.info("%s asks us to wait %.1fs (429)", member.url, seconds)
+        member.rest_until = loop.time() + seconds
         self.notify()
 
     def release(self, member: Member) -> None:
@@ -277,7 +306,14 @@ class Membership:
                 await asyncio.wait_for(self.resolve_now.wait(), self.options.resolve_interval)
             self.resolve_now.clear()
             started = loop.time()
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as exc:  # this loop finds new servers: it must outlive any answer
+                log.warning(
+                    "re-resolving target endpoints failed (keeping %d servers): %s",
+                    len(self.members),
+                    short(exc),
+                )
             await asyncio.sleep(max(0.0, self.options.min_resolve_gap - (loop.time() - started)))
 
     async def refresh(self) -> None:
@@ -330,4 +366,5 @@ def short(error: BaseException) -> str:
         code, words = error.os_error.errno, error.os_error.strerror
         why = os.strerror(code) if code and code > 0 else words or str(error.os_error)
         return f"cannot connect to {error.host}:{error.port}: {why}"
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text if len(text) <= 300 else text[:300] + "..."  # a server chooses these words: keep them short

@@ -40,6 +40,11 @@ SUPERVISION_KEYS = ("aux_hidden_states", "target_probs", "position_mask", "input
 GENERATE_INPUT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 VOCAB_KEYS = ("selected_token_ids", "selected_token_mask")
 
+# Our extension: a /generate's request id, and in the reply that id and the digest of the request body
+# (see protocol/binding.py). Sent only by our client; a stock NeMo client sees no change.
+REQUEST_ID_HEADER = "X-Eagle3-Request"
+REQUEST_DIGEST_HEADER = "X-Eagle3-Request-Digest"
+
 # NeMo's p2p header: request "my group is up", response "tensors follow".
 NCCL_HEADER = "X-NeMo-NCCL"
 # Our extension: names the caller's session; without it the peer address does.

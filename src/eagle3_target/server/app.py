@@ -15,7 +15,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from eagle3_target.protocol import contract, encodings, metadata
+from eagle3_target.protocol import binding, contract, encodings, metadata
 from eagle3_target.protocol.rendezvous import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
 
@@ -168,9 +168,10 @@ class TargetServer:
             p2p=request.headers.get(contract.NCCL_HEADER) == "1",
             sequence=request.headers.get(contract.SEQUENCE_HEADER),
         )
+        echo = binding.reply_headers(request.headers, asked.body)  # {} for a stock NeMo client
         async with self.service.generate(asked) as answer:
             if answer.transfer is not None:
-                return await self._deliver_p2p(request, answer)
+                return await self._deliver_p2p(request, answer, echo)
             start = time.perf_counter()
             blob = EncodedBlob(answer.supervision)
             answer.timings["encode"] = time.perf_counter() - start
@@ -178,13 +179,16 @@ class TargetServer:
             headers = {
                 "Server-Timing": _server_timing(answer.timings),
                 contract.ENCODING_HEADER: answer.encoding,
+                **echo,
             }
             response = await self.stream_blob(request, blob, headers)
             answer.timings["send"] = time.perf_counter() - start
             self.service.delivered(answer, "wire", blob.nbytes)
             return response
 
-    async def _deliver_p2p(self, request: web.Request, answer: Answer) -> web.StreamResponse:
+    async def _deliver_p2p(
+        self, request: web.Request, answer: Answer, echo: dict[str, str]
+    ) -> web.StreamResponse:
         """Metadata in the HTTP response, flushed, then the tensors over the session's group."""
         transfer = answer.transfer
         response = web.Response(
@@ -194,6 +198,7 @@ class TargetServer:
                 **transfer.response_headers(),
                 "Server-Timing": _server_timing(answer.timings),
                 contract.ENCODING_HEADER: answer.encoding,
+                **echo,
             },
         )
         await response.prepare(request)
