@@ -176,12 +176,12 @@ class TargetPool:
         """A finished attempt's result, or _FAILED to try again. Every failure is the server's (it is
         quarantined) except: a 429 with Retry-After (backpressure: that server rests, unquarantined),
         and a 4xx about the request itself, raised as RequestRejected once every healthy server has
-        refused it. Errors of the caller's setup (P2PUnavailable, BatchFailedError) are raised."""
+        refused it. Errors of the caller's own (RequestRejected, P2PUnavailable, ...) are raised."""
         error = task.exception()
         if error is None:
             member.strikes = 0
             return task.result()
-        if isinstance(error, (BatchFailedError, P2PUnavailable, encodings.EncodingError)):
+        if isinstance(error, (BatchFailedError, RequestRejected, P2PUnavailable, encodings.EncodingError)):
             raise error
         tried.append(f"{member.url}: {short(error)}")
         if isinstance(error, ServerError) and error.status == 429 and error.retry_after is not None:

@@ -21,7 +21,7 @@ import torch
 from eagle3_target.protocol import binding, contract, encodings, wire
 
 from .agreement import Agreement
-from .connection import ServerConnection, ServerError
+from .connection import RequestRejected, ServerConnection, ServerError
 from .errors import ServerFault
 from .limits import blob_limit
 from .p2p import P2PChannel
@@ -68,8 +68,10 @@ async def fetch_supervision(
     try:
         reply_headers, tensors = await _generate(conn, agreement, asked)
     except ServerError as exc:
-        if exc.status != 409 or exc.error != "no_vocab_mapping" or vocab_blob is None:
+        if exc.status != 409 or exc.error != "no_vocab_mapping":
             raise
+        if vocab_blob is None:  # the caller never set one: every server would say so
+            raise RequestRejected(exc.url, exc.path, exc.status, exc.error, exc.detail) from None
         await conn.set_vocab_mapping(vocab_blob)
         await _same_model(conn, agreement)
         reply_headers, tensors = await _generate(conn, agreement, asked)
