@@ -12,6 +12,7 @@ import torch
 from aiohttp import web
 
 from eagle3_target.client import body, limits
+from eagle3_target.client.connection import ServerConnection
 from eagle3_target.client.errors import ReplyTooLarge, ServerFault
 from eagle3_target.protocol import wire
 
@@ -110,6 +111,32 @@ async def test_a_stalled_direct_read_times_out():
         async with aiohttp.ClientSession() as http, http.post(url) as response:
             with pytest.raises(TimeoutError):
                 await body.read_tensors(response, LIMIT, stall_timeout=1.0)
+    finally:
+        await runner.cleanup()
+
+
+async def test_request_timeout_bounds_a_paced_direct_read():
+    """A 20 MiB reply of 60 tensors trickled in 64 KiB pieces, each tensor well inside the stall timeout:
+    the direct (recv_into) path still ends the attempt at request_timeout (before: the whole deadline)."""
+
+    blob = wire.encode({f"t{i}": torch.zeros(85_000) for i in range(60)})
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(blob)
+        await response.prepare(request)
+        for start in range(0, len(blob), 64 << 10):
+            await response.write(blob[start : start + (64 << 10)])
+            await asyncio.sleep(0.1)
+        return response
+
+    runner, url = await _serve(handler)
+    try:
+        async with limits.new_session() as http:
+            conn = ServerConnection(url.rsplit("/", 1)[0], http, "session", timeout=2.0)
+            async with asyncio.timeout(20):  # the trickle alone would take 32 s
+                with pytest.raises(TimeoutError):
+                    await conn.post_tensors("reply", limit=LIMIT)
     finally:
         await runner.cleanup()
 
