@@ -25,7 +25,7 @@ from eagle3_target.protocol import encodings
 from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError
 
 from .agreement import Agreement
-from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
+from .connection import TRANSIENT_ERRORS, RequestRejected, ServerConnection, ServerError
 from .endpoints import DNS_ERRORS, EndpointResolver
 from .errors import BatchFailedError
 from .identity import FleetModel, ModelMismatchError
@@ -127,7 +127,12 @@ class Membership:
                 left = deadline - loop.time()
                 if left <= 0 or not await self.wait_changed(left):
                     break
-        return len(self.healthy())
+        healthy = self.healthy()
+        if len(healthy) < len(self.members):
+            log.warning(
+                "%d of %d target servers healthy: %s", len(healthy), len(self.members), self.describe()
+            )
+        return len(healthy)
 
     async def close(self) -> None:
         """Stop background work and end our sessions (only ours: the servers keep running)."""
@@ -161,11 +166,13 @@ class Membership:
         results = await asyncio.gather(
             *(m.conn.set_vocab_mapping(blob) for m in targets), return_exceptions=True
         )
+        refusals = [r for r in results if isinstance(r, ServerError) and not r.retryable]
+        if refusals and len(refusals) == len(targets):  # every server refused it: the mapping is at fault
+            first = refusals[0]
+            raise RequestRejected(first.url, first.path, first.status, first.error, first.detail) from first
         for member, result in zip(targets, results, strict=True):
-            if isinstance(result, ServerError) and not result.retryable:
-                raise result
             if isinstance(result, BaseException):
-                self.quarantine(member, result)  # it gets the mapping when it rejoins
+                self.quarantine(member, result)  # it gets the mapping when it rejoins (or is refused then)
 
     # -- joining ---------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ def check_echo(headers: Mapping[str, str], request_id: str, body_digest: str) ->
 
 
 def check_inputs_echo(tensors: Mapping[str, torch.Tensor], input_ids: torch.Tensor, loss_mask: torch.Tensor):
-    """ "nemo" replies carry the request's input_ids and loss_mask shifted left: they must be ours."""
+    """A "nemo" reply carries the request's input_ids and loss_mask shifted left: they must be ours."""
     for key, sent in (("input_ids", input_ids), ("loss_mask", loss_mask)):
         if not torch.equal(tensors[key], shift_left(sent)):
             raise WireError(f"the reply's {key} are not this request's: a reply to another batch")
