@@ -19,7 +19,10 @@ Measured, with the HF runner in bf16:
 - the device-to-host copy of a "nemo" reply's size into pageable and into pinned memory (GB/s);
 - peak GPU memory while the server computes a batch;
 - bf16 supervision against a float32 reference (same weights, first sequence of the batch): max
-  differences of aux_hidden_states and target_probs, and the share of position_mask that differs.
+  differences of aux_hidden_states and target_probs, and the share of position_mask that differs;
+- a feature request (DFlash's, five layers): bytes per token, round trip and the server's compute
+  against the bare capture; and EAGLE-1's compact option on the device: the trainer's
+  F.linear(final_hidden, lm_head) against the forward's own logits (max |diff|, bit-identical or not).
 One table is printed; --json writes the same numbers.
 """
 
@@ -35,6 +38,7 @@ import time
 MISSING = []
 try:
     import aiohttp
+    import gpu_features  # beside this script: the feature-request checks
     import prometheus_client  # noqa: F401  (the server's metrics)
     import torch
     from aiohttp import web
@@ -151,6 +155,7 @@ async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: in
                 two_in_flight_s=await two_in_flight(http, url, request, name, repeats),
             )
             supervision[name] = {k: v.float().cpu() for k, v in out.items()}
+        results["features"] = await gpu_features.round_trips(http, url, request, runner, repeats, PHASES)
     return results, supervision
 
 
@@ -243,6 +248,8 @@ async def check(args: argparse.Namespace) -> dict:
 
     ids_dev, mask_dev = input_ids.to(args.device), inputs["attention_mask"].to(args.device)
     bare = statistics.median(bare_forward_seconds(runner, ids_dev, mask_dev, args.repeats))
+    bare_dflash = gpu_features.bare_capture_seconds(runner, ids_dev, mask_dev, args.repeats)
+    compact = gpu_features.compact_logits(runner, ids_dev[:1], mask_dev[:1])
     app_runner, url = await start_server(runner, args.batch * args.seq)
     try:
         # The trainer's side gets a thread and an event loop of its own, as a trainer process would:
@@ -254,6 +261,7 @@ async def check(args: argparse.Namespace) -> dict:
     runner.close()  # its hooks go; the float32 reference reuses the same modules
     tokens = args.batch * args.seq
     nemo = supervision["nemo"]
+    dflash = wire_results.pop("features")
     return dict(
         device=args.device,
         gpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
@@ -278,6 +286,14 @@ async def check(args: argparse.Namespace) -> dict:
             (supervision["hidden"]["target_probs"] - nemo["target_probs"]).abs().max()
         ),
         bf16_vs_fp32=reference_errors(args, model, inputs, vocab, nemo),
+        dflash_capture={
+            **dflash,
+            "bare_capture_s": bare_dflash,
+            "bytes_per_token": dflash["bytes"] / tokens,
+            "tokens_per_s": tokens / dflash["round_trip_s"],
+            "overhead": dflash["server_compute_s"] / bare_dflash - 1,
+        },
+        eagle1_compact_logits=compact,
     )
 
 
@@ -309,6 +325,13 @@ def print_table(result: dict) -> None:
         print(
             f"device to host, one nemo reply: pageable {copy['pageable']:.1f} GB/s, pinned {copy['pinned']:.1f} GB/s"
         )
+    dflash, compact = result["dflash_capture"], result["eagle1_compact_logits"]
+    print(
+        f"feature request {dflash['request']}: {dflash['bytes_per_token']:.0f} B/token, "
+        f"{dflash['tokens_per_s']:.0f} tokens/s round trip, server overhead over the bare capture "
+        f"{100 * dflash['overhead']:.1f}%; EAGLE-1 compact logits vs the forward's: identical "
+        f"{compact['identical']}, max |diff| {compact['max_abs']:.3g}"
+    )
     print(
         f"logits vs nemo max |diff| {result['logits_vs_nemo_max_abs']:.3g}; hidden vs nemo target_probs "
         f"{result['hidden_vs_nemo_target_probs_max_abs']:.3g}; bf16 vs fp32: aux {errors['aux_max_abs']:.3g} "

@@ -50,3 +50,10 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     assert 0 < errors["aux_max_abs"] < 0.05 * errors["aux_ref_max_abs"]
     assert 0 < errors["target_probs_max_abs"] < 1e-2
     assert 0 <= errors["position_mask_differs"] < 0.25
+    dflash = result["dflash_capture"]
+    assert dflash["request"] == '{"layers":[1,2,3,4,5],"final_hidden":false,"logits":"none","shift":false}'
+    assert 0 < dflash["bytes"] - tokens * 5 * hidden * 2 < 200  # five bf16 layers per token, plus headers
+    assert dflash["bytes_per_token"] == dflash["bytes"] / tokens and dflash["tokens_per_s"] > 0
+    assert dflash["overhead"] == dflash["server_compute_s"] / dflash["bare_capture_s"] - 1
+    assert result["eagle1_compact_logits"] == {"max_abs": 0.0, "identical": True}  # CPU: the same op
+    assert "feature request" in proc.stdout

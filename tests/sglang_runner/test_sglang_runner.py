@@ -1,5 +1,6 @@
 """The SGLang runner's contract, run through its real code against the fake SGLang in conftest.py."""
 
+import re
 import sys
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server import errors
 from eagle3_target.server.runners import load_runner
+from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.sglang import SGLangUnavailable, sglang_dtype
 
 
@@ -222,3 +224,25 @@ def test_a_cpu_device_is_refused_with_the_flag_to_use(fake_sglang):
 def test_a_model_is_required(fake_sglang):
     with pytest.raises(ValueError, match="needs --model"):
         load(model=None)
+
+
+def test_a_capture_gives_aux_layers_in_any_order_and_refuses_what_sglang_cannot_give(fake_sglang):
+    runner = load(aux_layer_ids=[4, 0, 1])
+    input_ids, mask = right_padded([6, 4], 6)
+    logits, aux = runner.forward(input_ids, mask)
+    by_layer = dict(zip([4, 0, 1], aux.split(fake_sglang.hidden, dim=-1), strict=True))
+    got = runner.capture(ForwardInputs(input_ids, mask), Capture(layers=(1, 4), logits=True))
+    assert torch.equal(got.hidden_states, torch.cat([by_layer[1], by_layer[4]], -1))
+    assert torch.equal(got.logits, logits) and got.final_hidden is None
+    refusals = {
+        Capture(layers=(2,)): "not layers [2]",
+        Capture(layers=(-1,)): "not layers [-1]",
+        Capture(layers=(1,), final_hidden=True): "not the final hidden state",
+    }
+    for want, detail in refusals.items():
+        with pytest.raises(errors.InvalidInput, match=re.escape(detail)) as err:
+            runner.capture(ForwardInputs(input_ids, mask), want)
+        assert err.value.error == "feature_not_offered"
+    with pytest.raises(errors.InvalidInput, match="cannot run packed sequences"):
+        runner.capture(ForwardInputs(input_ids, mask, position_ids=mask), Capture(layers=(1,)))
+    assert runner.info.model_info().features == ("layers", "logits", "draft_probs")

@@ -6,6 +6,7 @@ import torch
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision, shift_left
 from eagle3_target.server import errors
 from eagle3_target.server.runners import load_runner
+from eagle3_target.server.runners.base import Capture, ForwardInputs
 
 from .vllm_support import AUX_LAYER_IDS
 
@@ -185,3 +186,22 @@ def test_bfloat16_agreement_is_reported(vllm_model_dir, record_property, capsys)
     with capsys.disabled():
         print(f"\n{report}")
     assert aux_gap <= 0.05 * aux_scale and probs_gap < 0.05 and same_mask >= 0.9
+
+
+def test_a_feature_capture_matches_the_hf_engine(engines):
+    """Any layers (-1: the embeddings), the final normed states and the logits; the lm_head and final
+    norm weights are the hf engine's."""
+    vllm_runner, hf_runner = engines
+    (input_ids, attention_mask, _), _ = BATCHES["padding and loss masks"]
+    real = attention_mask.bool()
+    inputs = ForwardInputs(input_ids, attention_mask)
+    for want in (Capture(layers=(-1, 5, 0), final_hidden=True, logits=True), Capture(layers=(2,))):
+        got, ref = vllm_runner.capture(inputs, want), hf_runner.capture(inputs, want)
+        for name in ("hidden_states", "final_hidden", "logits"):
+            a, b = getattr(got, name), getattr(ref, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                torch.testing.assert_close(a[real], b[real], atol=1e-4, rtol=0, msg=name)
+                assert not a[~real].any(), name
+    for name in ("input_embeddings", "lm_head", "final_norm"):
+        assert torch.equal(vllm_runner.weight(name), hf_runner.weight(name)), name

@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "BatchFailedError": ".errors",
     "BatchHandle": ".backend",
+    "CaptureHandle": ".capture",
     "EncodingError": "eagle3_target.protocol.encodings",
     "EndpointError": ".endpoints",
+    "FeatureError": "eagle3_target.protocol.features",
+    "Features": "eagle3_target.protocol.features",
     "ModelMismatchError": ".identity",
     "PoolOptions": ".options",
     "RemoteTargetBackend": ".backend",
@@ -22,8 +25,11 @@ _EXPORTS = {
 __all__ = [
     "BatchFailedError",
     "BatchHandle",
+    "CaptureHandle",
     "EncodingError",
     "EndpointError",
+    "FeatureError",
+    "Features",
     "ModelMismatchError",
     "PoolOptions",
     "RemoteTargetBackend",
@@ -35,8 +41,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from eagle3_target.protocol.encodings import EncodingError
+    from eagle3_target.protocol.features import FeatureError, Features
 
     from .backend import BatchHandle, RemoteTargetBackend, TargetBatch
+    from .capture import CaptureHandle
     from .connection import RequestRejected, ServerConnection, ServerError
     from .endpoints import EndpointError
     from .errors import BatchFailedError

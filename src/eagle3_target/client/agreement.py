@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_target.protocol import contract, encodings
+from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .p2p import P2PChannel, wanted
@@ -21,14 +22,26 @@ class Agreement:
     info: ModelInfo
     encoding: str = encodings.NEMO
     p2p: P2PChannel | None = None
+    features: Features | None = None  # the feature request it can serve (checked at join)
 
     @classmethod
-    def make(cls, url: str, info: ModelInfo, encoding: str, data_path: str, timeout: float) -> Agreement:
+    def make(
+        cls,
+        url: str,
+        info: ModelInfo,
+        encoding: str,
+        data_path: str,
+        timeout: float,
+        features: Features | None = None,
+    ) -> Agreement:
         """The terms for a server offering ``info``: ``encoding`` as asked ("auto" allowed; EncodingError
-        if it does not offer it), a p2p channel where ``data_path`` and its offer allow one."""
+        if it does not offer it), a p2p channel where ``data_path`` and its offer allow one, and
+        ``features`` if it can serve them (FeatureError if not)."""
         chosen = encodings.choose(encoding, encodings.offered(info), url)
+        if features is not None:
+            features.check(info.num_hidden_layers, info.features, url)
         channel = P2PChannel(url, info, data_path, timeout=timeout) if wanted(info, data_path) else None
-        return cls(info, chosen, channel)
+        return cls(info, chosen, channel, features)
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -36,8 +49,10 @@ class Agreement:
         dtype = getattr(torch, str(self.info.dtype), None)
         return dtype if isinstance(dtype, torch.dtype) else None
 
-    def request_headers(self) -> dict[str, str]:
-        """What a /generate sends to ask for our encoding (nothing for NeMo's own)."""
+    def request_headers(self, features: Features | None = None) -> dict[str, str]:
+        """What a /generate sends to ask for our encoding (nothing for NeMo's own), or for ``features``."""
+        if features is not None:
+            return {contract.FEATURES_HEADER: features.to_header()}
         return {} if self.encoding == encodings.NEMO else {contract.ENCODING_HEADER: self.encoding}
 
     def end(self) -> None:

@@ -20,7 +20,9 @@ import torch
 
 from eagle3_target.protocol import encodings, wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
+from eagle3_target.protocol.features import WEIGHT_NAMES, Features
 
+from .capture import CaptureHandle, check_packing
 from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
@@ -99,6 +101,8 @@ class RemoteTargetBackend:
     ``device``: where batches land; default: the device of each call's input_ids.
     ``encoding``: "auto", "nemo", "logits" or "hidden" (see protocol/encodings.py); default:
     ``options.encoding``, itself "auto". A server that does not offer it is refused (EncodingError).
+    ``features``: a feature request (protocol/features.py) for ``capture``; default ``options.features``.
+    A server that cannot serve it is refused (FeatureError). ``generate_batch`` works alongside.
 
     The constructor returns once one server is ready. It waits at most ``options.start_timeout``
     (300 s), warning every ``options.wait_log_interval`` (5 s) which servers it cannot reach and why,
@@ -114,10 +118,13 @@ class RemoteTargetBackend:
         device: torch.device | str | None = None,
         options: PoolOptions | None = None,
         encoding: str | None = None,
+        features: Features | None = None,
     ):
         options = options or PoolOptions()
         if encoding is not None:
             options = replace(options, encoding=encoding)  # validated by PoolOptions
+        if features is not None:
+            options = replace(options, features=features)
         if endpoints is None:
             endpoints = default_spec()
         text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
@@ -127,6 +134,7 @@ class RemoteTargetBackend:
         self._embeddings: torch.nn.Embedding | None = None
         self._draft_vocab = 0  # set by set_vocab_mapping; until then servers refuse /generate (409)
         self._head_rows = _DeviceCache()
+        self._weights: dict[str, torch.Tensor] = {}
         self._closed = False
         self._pending: set[concurrent.futures.Future] = set()
         self._loop = asyncio.new_event_loop()
@@ -215,14 +223,68 @@ class RemoteTargetBackend:
     ) -> TargetBatch:
         return self.generate_batch_async(input_ids, attention_mask, loss_mask).result()
 
+    # -- feature requests (our extension) ---------------------------------------------------
+
+    @property
+    def features(self) -> Features | None:
+        return self.pool.options.features
+
+    def capture_async(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+    ) -> CaptureHandle:
+        """Submit one batch for the backend's ``features``; the handle's ``result()`` is the reply's
+        tensors by key (``Features.reply_keys``) on the caller's device. ``position_ids`` and
+        ``seq_lens`` are NeMo's packing metadata, for servers that offer "packing"."""
+        features = self.features
+        if features is None:
+            raise ValueError("this backend asks for no features: pass features=Features(...) to it")
+        given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=True))
+        packing = {k: v for k, v in (("position_ids", position_ids), ("seq_lens", seq_lens)) if v is not None}
+        if packing:
+            check_packing(self.pool.reference)
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
+        body = {k: t.detach().to("cpu", torch.int64) for k, t in {**given, **packing}.items()}
+        batch, seq = input_ids.shape
+        reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab, features)
+        return CaptureHandle(self._submit(reply), self.device or input_ids.device)
+
+    def capture(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """``capture_async(...).result()``."""
+        return self.capture_async(*args, **kwargs).result()
+
+    def prefetch_captures(
+        self, batches: Iterable[tuple[torch.Tensor, ...]], depth: int | None = None
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """``prefetch`` for ``capture``: each item is capture's arguments, in order."""
+        return self._prefetched((self.capture_async(*b) for b in batches), depth)
+
+    def target_weight(self, name: str) -> torch.Tensor:
+        """The target's whole weight ``name`` ("input_embeddings", "lm_head", "final_norm"), fetched
+        once from the fleet, checked against the agreed shape and cached, on the backend's device."""
+        if name not in WEIGHT_NAMES:
+            raise ValueError(f"unknown weight {name!r}; choose {', '.join(WEIGHT_NAMES)}")
+        if name not in self._weights:
+            weight = self._call(self.pool.weight(name))
+            self._weights[name] = weight.to(self.device or torch.device("cpu"))
+        return self._weights[name]
+
     def prefetch(
         self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], depth: int | None = None
     ) -> Iterator[TargetBatch]:
         """Yield the supervision of (input_ids, attention_mask, loss_mask) triples in submission order,
         keeping up to ``depth`` (default and cap: the healthy servers' capacity) requests in flight."""
-        waiting: collections.deque[BatchHandle] = collections.deque()
-        for batch in batches:
-            waiting.append(self.generate_batch_async(*batch))
+        return self._prefetched((self.generate_batch_async(*b) for b in batches), depth)
+
+    def _prefetched(self, handles: Iterator, depth: int | None) -> Iterator:
+        waiting: collections.deque = collections.deque()
+        for handle in handles:
+            waiting.append(handle)
             while len(waiting) > self._depth(depth):
                 yield waiting.popleft().result()
         while waiting:

@@ -21,12 +21,20 @@ import aiohttp
 import torch
 
 from eagle3_target.protocol import encodings
+from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .connection import RequestRejected, ServerConnection, ServerError
 from .endpoints import EndpointResolver
 from .errors import BatchFailedError
-from .fetch import Reply, fetch_input_embeddings, fetch_lm_head, fetch_supervision
+from .fetch import (
+    Reply,
+    fetch_capture,
+    fetch_input_embeddings,
+    fetch_lm_head,
+    fetch_supervision,
+    fetch_weight,
+)
 from .head_rows import HeadRowsCache
 from .limits import new_session
 from .membership import Member, Membership, MemberState, short
@@ -108,6 +116,20 @@ class TargetPool:
             return reply
 
         return await self.with_failover(call, what="/generate", hedge=True)
+
+    async def capture(
+        self, request: bytes, batch: int, seq: int, draft_vocab: int, features: Features
+    ) -> Reply:
+        async def call(member: Member) -> Reply:
+            blob, shape = self.membership.vocab_blob, (batch, seq, draft_vocab)
+            return await fetch_capture(member.conn, member.agreement, request, shape, blob, features)
+
+        return await self.with_failover(call, what="/generate", hedge=True)
+
+    async def weight(self, name: str) -> torch.Tensor:
+        return await self.with_failover(
+            lambda m: fetch_weight(m.conn, m.agreement, name), what=f"/weights/{name}"
+        )
 
     async def input_embeddings(self) -> torch.Tensor:
         return await self.with_failover(

@@ -1,4 +1,5 @@
-"""One batch's supervision from one server: over p2p or the wire, checked complete and bound to its request.
+"""One batch's supervision (or captured features) from one server: over p2p or the wire, checked complete
+and bound to its request.
 
 The one place that knows the data path of /generate. A 409 ``no_vocab_mapping``
 means the server lost our session (a restart or expiry): the mapping is re-sent,
@@ -12,13 +13,15 @@ the request (binding.py). A failed check is a server fault: the pool fails over.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from eagle3_target.protocol import binding, contract, encodings, wire
+from eagle3_target.protocol import binding, capture, contract, encodings, wire
+from eagle3_target.protocol.features import WEIGHT_FINAL_NORM, Features
 
 from .agreement import Agreement
 from .connection import RequestRejected, ServerConnection, ServerError
@@ -36,6 +39,7 @@ class Reply:
     encoding: str
     tensors: dict[str, torch.Tensor]
     head_rows: torch.Tensor | None = None  # the draft vocabulary's lm_head rows, for "hidden"
+    features: Features | None = None  # set: a feature reply (protocol/capture.py's keys), not supervision
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,12 @@ class _Request:
     request_id: str
     digest: str
 
-    def headers(self, agreement: Agreement) -> dict[str, str]:
-        return {**agreement.request_headers(), contract.REQUEST_ID_HEADER: self.request_id}
+    @classmethod
+    def of(cls, body: bytes, want: encodings.Expected) -> _Request:
+        return cls(body, want, blob_limit(want), uuid.uuid4().hex, binding.digest(body))
+
+    def headers(self, agreement: Agreement, features: Features | None = None) -> dict[str, str]:
+        return {**agreement.request_headers(features), contract.REQUEST_ID_HEADER: self.request_id}
 
 
 async def fetch_supervision(
@@ -64,9 +72,57 @@ async def fetch_supervision(
     batch, seq, draft_vocab = shape
     hidden = agreement.info.hidden_size
     want = encodings.expected(agreement.encoding, batch, seq, hidden, draft_vocab, agreement.dtype)
-    asked = _Request(request, want, blob_limit(want), uuid.uuid4().hex, binding.digest(request))
+    asked = _Request.of(request, want)
+    generate = functools.partial(_generate, conn, agreement, asked)
+    reply_headers, tensors = await _remapping(conn, agreement, vocab_blob, generate)
+    sent = reply_headers.get(contract.ENCODING_HEADER, encodings.NEMO)
+    if sent != agreement.encoding:
+        raise wire.WireError(f"{conn.url}: asked for encoding {agreement.encoding!r}, the reply is {sent!r}")
+    await _check(agreement, asked, reply_headers, tensors, echoes_inputs=agreement.encoding == encodings.NEMO)
+    return Reply(agreement.encoding, {k: tensors[k] for k in want})
+
+
+async def fetch_capture(
+    conn: ServerConnection,
+    agreement: Agreement,
+    request: bytes,
+    shape: tuple[int, int, int],
+    vocab_blob: bytes | None,
+    features: Features,
+) -> Reply:
+    """The reply to one /generate asking ``features`` (over the wire), read under the limit its shape
+    and features allow and checked like fetch_supervision's."""
+    batch, seq, draft_vocab = shape
+    info = agreement.info
+    want = capture.expected(
+        features, batch, seq, info.hidden_size, info.vocab_size, draft_vocab, agreement.dtype
+    )
+    asked = _Request.of(request, want)
+    headers = asked.headers(agreement, features)
+
+    async def post() -> Answer:
+        response, tensors = await conn.post_tensors(
+            contract.GENERATE, request, headers=headers, limit=asked.limit
+        )
+        return response.headers, tensors
+
+    reply_headers, tensors = await _remapping(conn, agreement, vocab_blob, post)
+    if reply_headers.get(contract.FEATURES_HEADER) != headers[contract.FEATURES_HEADER]:
+        raise wire.WireError(f"{conn.url}: the reply does not carry the features asked for")
+    await _check(agreement, asked, reply_headers, tensors, echoes_inputs="input_ids" in want)
+    return Reply(agreement.encoding, {k: tensors[k] for k in want}, features=features)
+
+
+async def _remapping(
+    conn: ServerConnection,
+    agreement: Agreement,
+    vocab_blob: bytes | None,
+    generate: Callable[[], Awaitable[Answer]],
+) -> Answer:
+    """``generate()``; after a 409 no_vocab_mapping (the server lost our session), the mapping again, the
+    model checked again, and ``generate()`` once more."""
     try:
-        reply_headers, tensors = await _generate(conn, agreement, asked)
+        return await generate()
     except ServerError as exc:
         if exc.status != 409 or exc.error != "no_vocab_mapping":
             raise
@@ -74,24 +130,24 @@ async def fetch_supervision(
             raise RequestRejected(exc.url, exc.path, exc.status, exc.error, exc.detail) from None
         await conn.set_vocab_mapping(vocab_blob)
         await _same_model(conn, agreement)
-        reply_headers, tensors = await _generate(conn, agreement, asked)
-    sent = reply_headers.get(contract.ENCODING_HEADER, encodings.NEMO)
-    if sent != agreement.encoding:
-        raise wire.WireError(f"{conn.url}: asked for encoding {agreement.encoding!r}, the reply is {sent!r}")
+        return await generate()
+
+
+async def _check(
+    agreement: Agreement, asked: _Request, headers: Mapping[str, str], tensors: dict, echoes_inputs: bool
+) -> None:
+    """Every key, dtype and shape; the echo of this request; finite values (off the loop: a pass over the reply)."""
     if agreement.info.request_binding == binding.SCHEME:
-        binding.check_echo(reply_headers, asked.request_id, asked.digest)
-    encodings.check(tensors, want)
-    await asyncio.get_running_loop().run_in_executor(
-        None, _check_values, agreement.encoding, tensors, request
-    )
-    return Reply(agreement.encoding, {k: tensors[k] for k in want})
+        binding.check_echo(headers, asked.request_id, asked.digest)
+    encodings.check(tensors, asked.want)
+    await asyncio.get_running_loop().run_in_executor(None, _check_values, tensors, asked, echoes_inputs)
 
 
-def _check_values(encoding: str, tensors: dict[str, torch.Tensor], request: bytes) -> None:
-    """Finite supervision, and for "nemo" the request's own inputs echoed (a pass over the reply: off the loop)."""
-    binding.check_finite(tensors)
-    if encoding == encodings.NEMO:
-        sent = wire.decode(request)
+def _check_values(tensors: dict[str, torch.Tensor], asked: _Request, echoes_inputs: bool) -> None:
+    """Finite values, and where the reply echoes the inputs ("nemo", draft_probs), the request's own."""
+    binding.check_finite({k: tensors[k] for k in asked.want})
+    if echoes_inputs:
+        sent = wire.decode(asked.body)
         binding.check_inputs_echo(tensors, sent["input_ids"], sent["loss_mask"])
 
 
@@ -101,6 +157,13 @@ async def _same_model(conn: ServerConnection, agreement: Agreement) -> None:
     diff = agreement.info.difference(info)
     if diff:
         raise ServerFault(f"{conn.url} came back serving another model: {'; '.join(diff)}")
+
+
+async def fetch_weight(conn: ServerConnection, agreement: Agreement, name: str) -> torch.Tensor:
+    """The whole weight ``name`` (features.py WEIGHT_NAMES), checked against the agreed model."""
+    info = agreement.info
+    shape = (info.hidden_size,) if name == WEIGHT_FINAL_NORM else (info.vocab_size, info.hidden_size)
+    return await _fetch_weight(conn, f"{contract.WEIGHTS}/{name}", agreement, shape)
 
 
 async def fetch_lm_head(conn: ServerConnection, agreement: Agreement, draft_vocab: int) -> torch.Tensor:
@@ -117,7 +180,7 @@ async def fetch_input_embeddings(conn: ServerConnection, agreement: Agreement) -
 
 
 async def _fetch_weight(
-    conn: ServerConnection, path: str, agreement: Agreement, shape: tuple[int, int]
+    conn: ServerConnection, path: str, agreement: Agreement, shape: tuple[int, ...]
 ) -> torch.Tensor:
     want = {"weight": (agreement.dtype, shape)}
     tensors = await conn.weight(path, blob_limit(want))

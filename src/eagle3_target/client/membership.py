@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from eagle3_target.protocol import encodings
+from eagle3_target.protocol.features import FeatureError
 from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError
 
 from .agreement import Agreement
@@ -33,7 +34,12 @@ from .options import PoolOptions
 
 log = logging.getLogger(__name__)
 
-REFUSALS = (ModelMismatchError, ModelInfoError, encodings.EncodingError)  # waiting will not help
+REFUSALS = (
+    ModelMismatchError,
+    ModelInfoError,
+    encodings.EncodingError,
+    FeatureError,
+)  # waiting will not help
 
 
 class MemberState(enum.Enum):
@@ -234,8 +240,9 @@ class Membership:
             raise ServerError(member.url, "health", status, str(body.get("status", "not_ready")), "not ready")
         info, member.probed_info = member.probed_info or await member.conn.model_info(), None
         self.model.admit(member.url, info)
+        options = self.options
         agreement = Agreement.make(
-            member.url, info, self.options.encoding, self.options.data_path, self.options.request_timeout
+            member.url, info, options.encoding, options.data_path, options.request_timeout, options.features
         )
         sent = None
         while self.vocab_blob is not sent:  # again if it was replaced while we were sending

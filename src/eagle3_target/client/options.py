@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from eagle3_target.protocol import encodings
 from eagle3_target.protocol.choices import DATA_PATHS
+from eagle3_target.protocol.features import Features
 
 POLICIES = ("least-loaded", "round-robin")
 
@@ -36,6 +37,9 @@ class PoolOptions:
     hedge_p99_factor: float = 5.0
     # "auto": per server, "logits" when offered, else "nemo" (both exact, so a mixed fleet agrees bit for bit)
     encoding: str = encodings.AUTO
+    # A feature request (protocol/features.py) every server must be able to serve, checked at join;
+    # RemoteTargetBackend.capture asks it. None: EAGLE-3's supervision only.
+    features: Features | None = None
 
     def __post_init__(self):
         if self.encoding not in encodings.CHOICES:

@@ -26,6 +26,7 @@ LIVEZ = "livez"
 READYZ = "readyz"
 METRICS = "metrics"
 LM_HEAD = "lm_head"  # the lm_head rows of the session's draft vocabulary, for the "hidden" encoding
+WEIGHTS = "weights"  # /weights/<name>: a whole weight a trainer fetches once (features.py WEIGHT_NAMES)
 
 # What Kubernetes probes: /health answers 200 once the model is loaded (startup and readiness),
 # /livez 200 while the process serves at all (liveness: a slow load is not a dead process).
@@ -53,6 +54,8 @@ SESSION_HEADER = "X-Eagle3-Session"
 SEQUENCE_HEADER = "X-Eagle3-Seq"
 # Our extension: the supervision encoding a /generate asks for and its reply carries (see encodings.py).
 ENCODING_HEADER = "X-Eagle3-Encoding"
+# Our extension: a feature request on /generate (features.py), echoed on its reply.
+FEATURES_HEADER = "X-Eagle3-Features"
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"  # NeMo's p2p group name, then the port
 # Our extension: /init_nccl {"auth": P2P_AUTH} asks for a per-group secret and a proven peer.

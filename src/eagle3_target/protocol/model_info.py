@@ -63,6 +63,8 @@ class ModelInfo:
     dtype: str | None = None  # "bfloat16", "float32", ...: torch's name without "torch."
     config_digest: str | None = None
     encodings: tuple[str, ...] | None = None  # None: a server from before encodings (sends "nemo")
+    features: tuple[str, ...] | None = None  # what /generate can capture (features.py CAN_*); None: nothing
+    weights: tuple[str, ...] | None = None  # what /weights/<name> hands out (features.py WEIGHT_NAMES)
     nccl_port: int | None = None  # NeMo's p2p rendezvous port, where the server fixes one
     p2p: Mapping[str, Any] = field(default_factory=dict)  # the server's p2p offer: {"backend": ..., ...}
     request_binding: str | None = None  # "sha256": /generate replies echo our request id (binding.py)
@@ -88,10 +90,11 @@ class ModelInfo:
             values["aux_layer_ids"] = tuple(_int(i, "aux_layer_ids") for i in values["aux_layer_ids"])
             if "nccl_port" in values:
                 values["nccl_port"] = _int(values["nccl_port"], "nccl_port")
-            if "encodings" in values:
-                if not isinstance(values["encodings"], list):
-                    raise ModelInfoError(f"/model_info encodings is not a list: {values['encodings']!r:.100}")
-                values["encodings"] = tuple(str(e)[:64] for e in values["encodings"][:16])
+            for name in ("encodings", "features", "weights"):
+                if name in values:
+                    if not isinstance(values[name], list):
+                        raise ModelInfoError(f"/model_info {name} is not a list: {values[name]!r:.100}")
+                    values[name] = tuple(str(e)[:64] for e in values[name][:64])
             if not isinstance(values.get("p2p", {}), Mapping):
                 raise ModelInfoError(f"/model_info p2p is not an object: {values['p2p']!r:.100}")
             for name in ("model", "engine", "dtype", "config_digest", "request_binding"):
@@ -107,7 +110,7 @@ class ModelInfo:
         doc: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in NEMO_KEYS or value not in (None, {}):
+            if f.name in NEMO_KEYS or value not in (None, {}, ()):
                 doc[f.name] = list(value) if isinstance(value, tuple) else value
         if "p2p" in doc:
             doc["p2p"] = dict(doc["p2p"])

@@ -64,6 +64,7 @@ class TargetServer:
             contract.LM_HEAD: (web.post, self.lm_head),
         }
         app.add_routes([method("/" + name, handler, name=name) for name, (method, handler) in routes.items()])
+        app.router.add_post(f"/{contract.WEIGHTS}/{{name}}", self.weight, name=contract.WEIGHTS)
         app.on_shutdown.append(self._close_p2p)  # before in-flight handlers are waited for
         app.cleanup_ctx.append(self._service_running)
         return app
@@ -154,6 +155,10 @@ class TargetServer:
         rows = await self.service.lm_head_rows(_session_id(request))
         return await self.stream_blob(request, EncodedBlob({"weight": rows}))
 
+    async def weight(self, request: web.Request) -> web.StreamResponse:
+        tensor = await self.service.weight(_session_id(request), request.match_info["name"])
+        return await self.stream_blob(request, EncodedBlob({"weight": tensor}))
+
     async def init_nccl(self, request: web.Request) -> web.Response:
         # The store binds the address this request reached: our pod address, never a wildcard.
         address = request.transport.get_extra_info("sockname")[0]
@@ -167,6 +172,7 @@ class TargetServer:
             encoding=request.headers.get(contract.ENCODING_HEADER, encodings.NEMO),
             p2p=request.headers.get(contract.NCCL_HEADER) == "1",
             sequence=request.headers.get(contract.SEQUENCE_HEADER),
+            features=request.headers.get(contract.FEATURES_HEADER),
         )
         echo = binding.reply_headers(request.headers, asked.body)  # {} for a stock NeMo client
         async with self.service.generate(asked) as answer:
@@ -176,11 +182,7 @@ class TargetServer:
             blob = EncodedBlob(answer.supervision)
             answer.timings["encode"] = time.perf_counter() - start
             start = time.perf_counter()
-            headers = {
-                "Server-Timing": _server_timing(answer.timings),
-                contract.ENCODING_HEADER: answer.encoding,
-                **echo,
-            }
+            headers = {"Server-Timing": _server_timing(answer.timings), **answer.headers(), **echo}
             response = await self.stream_blob(request, blob, headers)
             answer.timings["send"] = time.perf_counter() - start
             self.service.delivered(answer, "wire", blob.nbytes)
@@ -197,7 +199,7 @@ class TargetServer:
             headers={
                 **transfer.response_headers(),
                 "Server-Timing": _server_timing(answer.timings),
-                contract.ENCODING_HEADER: answer.encoding,
+                **answer.headers(),
                 **echo,
             },
         )

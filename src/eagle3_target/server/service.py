@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle3_target.protocol import binding, contract, encodings
+from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
 from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
+from . import features
 from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
 from .metrics import ServerMetrics
 from .options import ServerOptions
@@ -46,6 +48,7 @@ class GenerateRequest:
     encoding: str = encodings.NEMO
     p2p: bool = False  # the client asks for the tensors over its session's p2p group
     sequence: str | None = None  # our client's p2p transfer number; NeMo's sends none
+    features: str | None = None  # X-Eagle3-Features (protocol/features.py); NeMo's clients send none
 
 
 @dataclass
@@ -57,6 +60,13 @@ class Answer:
     tokens: int  # B x S of the request
     timings: dict[str, float]  # seconds per phase, for Server-Timing and the phase histogram
     transfer: Transfer | None  # set: deliver over p2p after the metadata; None: over the wire
+    features: Features | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The reply's echo of what it carries: the features asked, else the encoding."""
+        if self.features is not None:
+            return {contract.FEATURES_HEADER: self.features.to_header()}
+        return {contract.ENCODING_HEADER: self.encoding}
 
 
 @dataclass
@@ -65,9 +75,10 @@ class _Job:
 
     runner: TargetRunner
     inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask
-    vocab: VocabMapping  # the session's, taken once: a new mapping does not change a running request
+    vocab: VocabMapping | None  # the session's, taken once; None for features that need none
     encoding: str
     timings: dict[str, float] = field(default_factory=dict)
+    features: Features | None = None  # a feature request instead of an encoding
 
 
 class TargetService:
@@ -220,6 +231,17 @@ class TargetService:
         ids = _vocab(session).selected_token_ids
         return await self._on_model_thread(lambda: runner.lm_head_rows(ids).cpu())
 
+    async def weight(self, session_id: str, name: str) -> torch.Tensor:
+        """Our extension: a whole weight a trainer fetches once (features.py WEIGHT_NAMES), in host memory."""
+        runner = self.ready_runner()
+        self.sessions.touch(session_id)
+        if name not in runner.info.weights:
+            offered = ", ".join(runner.info.weights) or "none"
+            raise InvalidInput(
+                "weight_not_offered", f"no weight {name[:64]!r} here; this server offers {offered}"
+            )
+        return await self._on_model_thread(lambda: runner.weight(name).detach().cpu())
+
     async def init_p2p(self, session_id: str, address: str, body: bytes) -> dict:
         """/init_nccl: reserve a port on ``address`` (where the request arrived) for the session's group."""
         runner = self.ready_runner()
@@ -243,8 +265,10 @@ class TargetService:
         inputs = await asyncio.to_thread(
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
+        asked = features.requested(runner.info, request.features, request.encoding, request.p2p)
         encoding = _offered(runner, request.encoding)
-        job = _Job(runner, inputs, _vocab(session), encoding)
+        vocab = _vocab(session) if asked is None or asked.logits == LOGITS_DRAFT_PROBS else None
+        job = _Job(runner, inputs, vocab, encoding, features=asked)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
             if transfer is not None:
@@ -254,8 +278,10 @@ class TargetService:
 
     async def _run(self, job: _Job, transfer: Transfer | None) -> Answer:
         async with self._compute_lock:
-            supervision = await self._on_model_thread(_supervise, job, transfer is None)
-        return Answer(supervision, job.encoding, job.inputs["input_ids"].numel(), job.timings, transfer)
+            work = _supervise if job.features is None else _capture
+            supervision = await self._on_model_thread(work, job, transfer is None)
+        tokens = job.inputs["input_ids"].numel()
+        return Answer(supervision, job.encoding, tokens, job.timings, transfer, job.features)
 
     def delivered(self, answer: Answer, path: str, nbytes: int) -> None:
         """Count a delivered answer: its phases, its tokens, its bytes by path (wire or p2p)."""
@@ -322,6 +348,15 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     supervision = _to_host(supervision) if to_host else {k: v.contiguous() for k, v in supervision.items()}
     job.timings["projection"] = time.perf_counter() - start
     return supervision
+
+
+def _capture(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
+    """On the model thread: the feature request's capture and reply, moved to host memory for the wire."""
+    out = features.capture(job.runner, job.inputs, job.features, job.vocab, job.timings)
+    start = time.perf_counter()
+    out = _to_host(out) if to_host else out
+    job.timings["projection"] += time.perf_counter() - start
+    return out
 
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

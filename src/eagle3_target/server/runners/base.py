@@ -8,12 +8,15 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
+from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import (
     ModelInfo,
     config_digest,
     default_aux_layer_ids,
     validate_aux_layer_ids,
 )
+
+from ..errors import InvalidInput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,6 +46,9 @@ class RunnerInfo:
     config: dict[str, Any] = field(default_factory=dict)
     # "hidden" only from runners that are also a HiddenStateRunner
     encodings: tuple[str, ...] = EXACT_ENCODINGS
+    # What capture() can give (protocol/features.py CAN_*) and which weights weight() hands out
+    features: tuple[str, ...] = ()
+    weights: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -69,8 +75,65 @@ class RunnerInfo:
             dtype=str(self.dtype).removeprefix("torch."),
             config_digest=self.config_digest,
             encodings=self.encodings,
+            features=self.features,
+            weights=self.weights,
             **per_server,
         )
+
+
+@dataclass(frozen=True)
+class ForwardInputs:
+    """One batch for a forward. ``position_ids`` and ``seq_lens`` are NeMo's packing metadata
+    ([B, S] and [B, max_docs]); a runner that cannot honour them refuses (``refuse_packing``)."""
+
+    input_ids: torch.Tensor  # int64 [B, S], on the runner's device
+    attention_mask: torch.Tensor  # [B, S]
+    position_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None or self.seq_lens is not None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What one capture() must compute, and nothing more."""
+
+    layers: tuple[int, ...] = ()  # decoder-layer outputs before the final norm; -1: the embedding output
+    final_hidden: bool = False  # the post-norm last hidden state
+    logits: bool = False  # full-vocabulary logits, unshifted
+
+    @classmethod
+    def of(cls, features: Features) -> Capture:
+        return cls(features.layers, features.final_hidden, features.logits != "none")
+
+
+@dataclass
+class Captured:
+    """capture()'s tensors, on the runner's device; None where not asked."""
+
+    hidden_states: torch.Tensor | None = None  # [B, S, len(layers) * H], in the asked order
+    final_hidden: torch.Tensor | None = None  # [B, S, H]
+    logits: torch.Tensor | None = None  # [B, S, V]
+
+
+def zero_capture(info: RunnerInfo, shape: torch.Size, want: Capture, device) -> Captured:
+    """What a batch of empty rows captures: zeros of the asked shapes (packed-row engines run no prefill)."""
+
+    def zeros(width: int) -> torch.Tensor:
+        return torch.zeros(*shape, width, dtype=info.dtype, device=device)
+
+    return Captured(
+        zeros(len(want.layers) * info.hidden_size) if want.layers else None,
+        zeros(info.hidden_size) if want.final_hidden else None,
+        zeros(info.vocab_size) if want.logits else None,
+    )
+
+
+def refuse_packing(inputs: ForwardInputs, engine: str) -> None:
+    if inputs.packed:
+        raise InvalidInput("packing_not_offered", f"the {engine} engine cannot run packed sequences")
 
 
 @runtime_checkable
@@ -87,6 +150,14 @@ class TargetRunner(Protocol):
 
     def input_embeddings(self) -> torch.Tensor:
         """The input-embedding weight [V, H], whole."""
+        ...
+
+    def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:
+        """One forward computing only ``want`` (what ``info.features`` offers); InvalidInput for the rest."""
+        ...
+
+    def weight(self, name: str) -> torch.Tensor:
+        """A weight of ``info.weights`` (protocol/features.py WEIGHT_NAMES), whole."""
         ...
 
     def close(self) -> None:

@@ -9,10 +9,28 @@ import torch
 from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
+from eagle3_target.protocol.features import (
+    CAN_DRAFT_PROBS,
+    CAN_EMBEDDING,
+    CAN_FINAL_HIDDEN,
+    CAN_LAYERS,
+    CAN_LOGITS,
+    WEIGHT_FINAL_NORM,
+    WEIGHT_LM_HEAD,
+    WEIGHT_NAMES,
+)
 from eagle3_target.protocol.model_info import defining_config
 
 from ..options import EMBEDDED_MODEL
-from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
+from .base import (
+    Capture,
+    Captured,
+    FinalHiddenRunner,
+    ForwardInputs,
+    RunnerInfo,
+    refuse_packing,
+    resolve_dtype,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +66,35 @@ def plain_lm_head(model: nn.Module) -> bool:
     )
 
 
+def final_norm(model: nn.Module) -> nn.Module | None:
+    """The norm whose output the lm_head reads (the decoder's ``norm``), where it has a weight."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    norm = getattr(decoder, "norm", None)
+    return norm if isinstance(getattr(norm, "weight", None), torch.Tensor) else None
+
+
+class _Stop(Exception):
+    """Raised by the last hook a capture needs: the rest of the forward is not computed."""
+
+
+def _keep(captured: dict, key: int, stop: bool):
+    def hook(_module, _args, output):
+        captured[key] = output[0] if isinstance(output, tuple) else output
+        if stop:
+            raise _Stop
+
+    return hook
+
+
+def _keep_input(captured: dict, stop: bool):
+    def hook(_module, args):
+        captured["final"] = args[0]  # the final normed hidden states
+        if stop:
+            raise _Stop
+
+    return hook
+
+
 class HFRunner(FinalHiddenRunner):
     def __init__(self, model: nn.Module, *, name: str, aux_layer_ids: list[int] | None = None):
         self.model = model.eval().requires_grad_(False)
@@ -65,20 +112,12 @@ class HFRunner(FinalHiddenRunner):
             dtype=param.dtype,
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
+            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS),
+            weights=tuple(n for n in WEIGHT_NAMES if n != WEIGHT_FINAL_NORM or final_norm(model) is not None),
         )
-        self._captured: dict[int, torch.Tensor] = {}
-        self._hooks = [layers[i].register_forward_hook(self._capture(i)) for i in self.info.aux_layer_ids]
+        self._layers = layers
         self._head = model.get_output_embeddings()
-        self._hooks.append(self._head.register_forward_pre_hook(self._capture_head_input))
-
-    def _capture_head_input(self, _module, args):
-        self._captured["head"] = args[0]  # the final normed hidden states
-
-    def _capture(self, layer_id: int):
-        def hook(_module, _args, output):
-            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return hook
+        self._norm = final_norm(model)
 
     @classmethod
     def load(
@@ -110,14 +149,35 @@ class HFRunner(FinalHiddenRunner):
     def forward_hidden(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        self._captured.clear()
+        want = Capture(tuple(self.info.aux_layer_ids), final_hidden=True, logits=True)
+        got = self.capture(ForwardInputs(input_ids, attention_mask), want)
+        return got.logits, got.hidden_states, got.final_hidden
+
+    @torch.inference_mode()
+    def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:
+        """One forward with hooks where ``want`` reads (NeMo's target wrappers' own), stopped after the
+        last of them: nothing past the last asked layer is computed unless the logits are asked."""
+        refuse_packing(inputs, "hf")
+        captured: dict[object, torch.Tensor] = {}
+        points = [(i, self._layers[i] if i >= 0 else self.model.get_input_embeddings()) for i in want.layers]
+        last = max(want.layers, default=None) if not (want.final_hidden or want.logits) else None
+        hooks = [module.register_forward_hook(_keep(captured, i, i == last)) for i, module in points]
+        if want.final_hidden:
+            hooks.append(self._head.register_forward_pre_hook(_keep_input(captured, stop=not want.logits)))
         try:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-            aux = torch.cat([self._captured[i] for i in self.info.aux_layer_ids], dim=-1)
-            hidden = self._captured["head"]
+            output = self.model(
+                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, use_cache=False
+            )
+        except _Stop:
+            output = None
         finally:
-            self._captured.clear()
-        return logits, aux, hidden
+            for hook in hooks:
+                hook.remove()
+        return Captured(
+            hidden_states=torch.cat([captured[i] for i in want.layers], dim=-1) if want.layers else None,
+            final_hidden=captured.get("final"),
+            logits=output.logits if want.logits else None,
+        )
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self._head.weight.detach().index_select(0, ids)
@@ -125,9 +185,14 @@ class HFRunner(FinalHiddenRunner):
     def input_embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight.detach()
 
+    def weight(self, name: str) -> torch.Tensor:
+        if name == WEIGHT_LM_HEAD:
+            return self._head.weight.detach()
+        if name == WEIGHT_FINAL_NORM:
+            return self._norm.weight.detach()
+        return self.input_embeddings()
+
     def close(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
         self.model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

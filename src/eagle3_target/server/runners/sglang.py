@@ -19,10 +19,11 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from eagle3_target.protocol.features import CAN_DRAFT_PROBS, CAN_LAYERS, CAN_LOGITS, WEIGHT_INPUT_EMBEDDINGS
 from eagle3_target.protocol.model_info import defining_config
 
-from ..errors import TooLarge
-from .base import RunnerInfo, resolve_dtype
+from ..errors import InvalidInput, TooLarge
+from .base import Capture, Captured, ForwardInputs, RunnerInfo, refuse_packing, resolve_dtype
 from .rows import row_lengths, stack_rows
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,9 @@ class SGLangRunner:
             dtype=dtype,
             device=str(embedding_weight(model).device),
             config=defining_config(config.hf_config.to_diff_dict()),
+            # SGLang hooks its aux layers once, at load; the final normed states never leave its model.
+            features=(CAN_LAYERS, CAN_LOGITS, CAN_DRAFT_PROBS),
+            weights=(WEIGHT_INPUT_EMBEDDINGS,),
         )
         install_head(sgl, model, self.info.aux_layer_ids, self.info.num_hidden_layers)
 
@@ -285,6 +289,25 @@ class SGLangRunner:
             runner.req_to_token_pool.clear()
             runner.token_to_kv_pool_allocator.clear()
         return stack_rows(output.next_token_logits, mask), stack_rows(output.hidden_states, mask)
+
+    def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:
+        """forward's logits and aux layers, in the asked order: SGLang can give nothing else."""
+        refuse_packing(inputs, "sglang")
+        ids = self.info.aux_layer_ids
+        other = [i for i in want.layers if i not in ids]
+        if other or want.final_hidden:
+            asked = "the final hidden state" if want.final_hidden else f"layers {other}"
+            raise InvalidInput(
+                "feature_not_offered",
+                f"the sglang engine captures its aux layers {ids} (--aux-layer-ids) and logits only, not {asked}",
+            )
+        logits, aux = self.forward(inputs.input_ids, inputs.attention_mask)
+        by_layer = dict(zip(ids, aux.split(self.info.hidden_size, dim=-1), strict=True))
+        layers = torch.cat([by_layer[i] for i in want.layers], dim=-1) if want.layers else None
+        return Captured(hidden_states=layers, logits=logits if want.logits else None)
+
+    def weight(self, name: str) -> torch.Tensor:
+        return self.input_embeddings()
 
     def input_embeddings(self) -> torch.Tensor:
         # SGLang pads the embedding rows to a multiple of 64; the client wants the real vocabulary.

@@ -22,10 +22,29 @@ import torch
 from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
+from eagle3_target.protocol.features import (
+    CAN_DRAFT_PROBS,
+    CAN_EMBEDDING,
+    CAN_FINAL_HIDDEN,
+    CAN_LAYERS,
+    CAN_LOGITS,
+    WEIGHT_INPUT_EMBEDDINGS,
+    WEIGHT_LM_HEAD,
+    WEIGHT_NAMES,
+)
 from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import OutOfRange, TooLarge
-from .base import FinalHiddenRunner, RunnerInfo, resolve_dtype
+from .base import (
+    Capture,
+    Captured,
+    FinalHiddenRunner,
+    ForwardInputs,
+    RunnerInfo,
+    refuse_packing,
+    resolve_dtype,
+    zero_capture,
+)
 from .hf import decoder_layers
 from .rows import row_lengths, stack_rows
 
@@ -38,7 +57,7 @@ INSTALL_HINT = (
 )
 NO_GPU = "the vllm engine was asked for a CUDA device, and torch sees none"
 VLLM_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-CAPTURE = "_eagle3_capture"  # the attribute holding a worker's Capture
+CAPTURE = "_eagle3_capture"  # the attribute holding a worker's Recorder
 
 
 class VLLMUnavailable(RuntimeError):
@@ -68,19 +87,30 @@ def gpu_ids(device: str, tensor_parallel_size: int) -> list[int] | None:
     return list(range(first, first + tensor_parallel_size))
 
 
-class Capture:
-    """Lives in a vLLM worker: records each forward's token ids, positions, aux and final states."""
+class Recorder:
+    """Lives in a vLLM worker: records each forward's token ids, positions, asked layers and final states."""
 
-    def __init__(self, model: nn.Module, aux_layer_ids: list[int]):
+    def __init__(self, model: nn.Module, layer_ids: list[int]):
         self.model = model
-        self.aux_layer_ids = list(aux_layer_ids)
         self.steps: list[dict] = []
-        layers = decoder_layers(model)
+        self.layer_ids: list[int] = []
+        self.layer_hooks: list = []
         self.hooks = [
             model.register_forward_pre_hook(self._begin, with_kwargs=True),
             model.register_forward_hook(self._end, with_kwargs=True),
-            *(layers[i].register_forward_hook(self._layer(i)) for i in self.aux_layer_ids),
         ]
+        self.watch(layer_ids)
+
+    def watch(self, layer_ids: list[int]) -> None:
+        """Hook these layers (-1: the embedding output) from the next forward on."""
+        if list(layer_ids) == self.layer_ids:
+            return
+        for hook in self.layer_hooks:
+            hook.remove()
+        layers = decoder_layers(self.model)
+        modules = [(i, layers[i] if i >= 0 else self.model.get_input_embeddings()) for i in layer_ids]
+        self.layer_hooks = [module.register_forward_hook(self._layer(i)) for i, module in modules]
+        self.layer_ids = list(layer_ids)
 
     def _begin(self, _module, _args, kwargs):
         self.steps.append({"input_ids": kwargs["input_ids"], "positions": kwargs["positions"]})
@@ -98,9 +128,9 @@ class Capture:
     def _end(self, _module, _args, _kwargs, output):
         self.steps[-1]["final"] = output[0] if isinstance(output, tuple) else output
 
-    def take(self, input_ids: torch.Tensor, positions: torch.Tensor):
-        """Logits [T, V], aux [T, 3H] and final states [T, H] of the tokens sent, checked to be
-        exactly those, in order; the recorded steps are dropped either way."""
+    def take(self, input_ids: torch.Tensor, positions: torch.Tensor, logits: bool = True):
+        """Logits [T, V] (None unless asked), the watched layers [T, n*H] (None if none) and final states
+        [T, H] of the tokens sent, checked to be exactly those, in order; the recorded steps are dropped."""
         steps, self.steps = self.steps, []
         count = len(input_ids)
         # The batch's step: its first T tokens are the rows sent, back to back (a step may be padded).
@@ -109,10 +139,10 @@ class Capture:
             raise RuntimeError(
                 "vLLM did not prefill the batch in one step, in the order sent; send smaller batches"
             )
-        aux = torch.cat([step[i][:count] for i in self.aux_layer_ids], dim=-1)
+        layers = torch.cat([step[i][:count] for i in self.layer_ids], dim=-1) if self.layer_ids else None
         hidden = step["final"][:count]
         # The model's own head: the lm_head (logit scaling, vocab unpadding) vLLM samples with.
-        return self.model.compute_logits(hidden), aux, hidden
+        return (self.model.compute_logits(hidden) if logits else None), layers, hidden
 
     @staticmethod
     def _carries(step: dict, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
@@ -133,16 +163,20 @@ def _rank_and_world() -> tuple[int, int]:
 
 # The functions below run inside each vLLM worker (collective_rpc): the first argument is the worker.
 def install_capture(worker, aux_layer_ids: list[int]) -> None:
-    setattr(worker, CAPTURE, Capture(worker.model_runner.model, aux_layer_ids))
+    setattr(worker, CAPTURE, Recorder(worker.model_runner.model, aux_layer_ids))
 
 
-def take_capture(worker, input_ids: torch.Tensor, positions: torch.Tensor):
-    outputs = getattr(worker, CAPTURE).take(input_ids, positions)
+def watch_layers(worker, layer_ids: list[int]) -> None:
+    getattr(worker, CAPTURE).watch(layer_ids)
+
+
+def take_capture(worker, input_ids: torch.Tensor, positions: torch.Tensor, logits: bool = True):
+    outputs = getattr(worker, CAPTURE).take(input_ids, positions, logits)
     rank, world = _rank_and_world()
     if rank:
         return None  # every rank computes (the lm_head gather is collective); rank 0 answers
     # Across processes the answer is pickled: hand back host memory, never a device handle.
-    return tuple(t.cpu() for t in outputs) if world > 1 else outputs
+    return tuple(None if t is None else t.cpu() for t in outputs) if world > 1 else outputs
 
 
 def plain_head(worker) -> bool:
@@ -161,6 +195,12 @@ def plain_head(worker) -> bool:
 def lm_head_rows(worker, ids: torch.Tensor) -> torch.Tensor:
     weight = worker.model_runner.model.lm_head.weight
     return weight.detach().index_select(0, ids.to(weight.device))
+
+
+def whole_weight(worker, name: str) -> torch.Tensor:
+    """The lm_head (padded rows included) or the final norm, on a single-rank worker."""
+    model = worker.model_runner.model
+    return (model.lm_head if name == WEIGHT_LM_HEAD else model.model.norm).weight.detach()
 
 
 def embedding_shard(worker) -> torch.Tensor:
@@ -201,6 +241,7 @@ class VLLMRunner(FinalHiddenRunner):
         self.max_rows = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         hf_config = model_config.hf_config
         text = hf_config.get_text_config()
+        plain = llm.collective_rpc(plain_head)[0]
         self.info = RunnerInfo.build(
             model=name,
             engine="vllm",
@@ -210,8 +251,10 @@ class VLLMRunner(FinalHiddenRunner):
             aux_layer_ids=aux_layer_ids,
             dtype=dtype,
             device=device,
-            encodings=ENCODINGS if llm.collective_rpc(plain_head)[0] else EXACT_ENCODINGS,
+            encodings=ENCODINGS if plain else EXACT_ENCODINGS,
             config=defining_config(hf_config.to_diff_dict()),
+            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS),
+            weights=WEIGHT_NAMES if plain else (WEIGHT_INPUT_EMBEDDINGS,),
         )
         # One token sampled greedily per row: the prefill is what we want, the sample is thrown away.
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
@@ -253,7 +296,7 @@ class VLLMRunner(FinalHiddenRunner):
             device_ids=gpus,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
-            # Every row must be prefilled in one step, in the order sent: Capture.take checks it.
+            # Every row must be prefilled in one step, in the order sent: Recorder.take checks it.
             max_num_batched_tokens=max_batch_tokens,
             max_num_seqs=max_rows,
             # Hooks see only the tokens a step computes: a cached prefix would be missing from them.
@@ -293,14 +336,18 @@ class VLLMRunner(FinalHiddenRunner):
     def forward_hidden(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mask = attention_mask.bool()
+        want = Capture(tuple(self.info.aux_layer_ids), final_hidden=True, logits=True)
+        got = self.capture(ForwardInputs(input_ids, attention_mask), want)
+        return got.logits, got.hidden_states, got.final_hidden
+
+    @torch.inference_mode()
+    def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:
+        """One prefill with the asked layers hooked: vLLM runs the whole model; all positions' logits only if asked."""
+        refuse_packing(inputs, "vllm")
+        input_ids, mask = inputs.input_ids, inputs.attention_mask.bool()
         lengths = [n for n in row_lengths(mask, "vllm").tolist() if n]
         if not lengths:
-            info, shape, device = self.info, input_ids.shape, input_ids.device
-            return tuple(
-                torch.zeros(*shape, width, dtype=info.dtype, device=device)
-                for width in (info.vocab_size, 3 * info.hidden_size, info.hidden_size)
-            )
+            return zero_capture(self.info, input_ids.shape, want, input_ids.device)
         self.check_capacity(lengths)
         flat = input_ids[mask].cpu()
         if flat.min() < 0 or flat.max() >= self.info.vocab_size:
@@ -310,9 +357,20 @@ class VLLMRunner(FinalHiddenRunner):
         bounds = list(itertools.accumulate(lengths, initial=0))
         tokens = flat.tolist()
         prompts = [{"prompt_token_ids": tokens[a:b]} for a, b in itertools.pairwise(bounds)]
+        self.llm.collective_rpc(watch_layers, args=(list(want.layers),))
         self.llm.generate(prompts, self.sampling, use_tqdm=False)
-        outputs = self.llm.collective_rpc(take_capture, args=(flat, row_positions(lengths)))[0]
-        return tuple(stack_rows(t.to(input_ids.device), mask) for t in outputs)
+        logits, layers, hidden = self.llm.collective_rpc(
+            take_capture, args=(flat, row_positions(lengths), want.logits)
+        )[0]
+        rows = [(layers, True), (hidden, want.final_hidden), (logits, want.logits)]
+        return Captured(
+            *(stack_rows(t.to(input_ids.device), mask) if t is not None and on else None for t, on in rows)
+        )
+
+    def weight(self, name: str) -> torch.Tensor:
+        if name == WEIGHT_INPUT_EMBEDDINGS:
+            return self.input_embeddings()
+        return self.llm.collective_rpc(whole_weight, args=(name,))[0][: self.info.vocab_size]
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.llm.collective_rpc(lm_head_rows, args=(ids,))[0]

@@ -1,0 +1,224 @@
+"""Feature requests per draft family: wire bytes per token at real shapes, the compact option's
+exactness, and tokens/s through one server against the bare forward, on the CPU.
+
+    PYTHONPATH=src OMP_NUM_THREADS=2 python bench/family_features.py [--json out.json]
+    PYTHONPATH=src python bench/family_features.py --small     # what tests/bench runs
+
+1. Bytes per token of each family's /generate reply (protocol/families) at NeMo's shapes: Qwen3-8B
+   (36 layers, hidden 4096, vocab 151936) for DFlash (5 layers), JetSpec and DSpark; Llama-3.1-8B
+   (32 layers, hidden 4096, vocab 128256) for P-EAGLE, EAGLE-1 and EAGLE-3 (draft vocabulary 32000),
+   bf16, B x S = 1 x 4096. Computed from the reply's shapes with the wire format's own entry headers
+   (on meta tensors: nothing is allocated), so they are the bytes the server sends; the smoke test
+   checks them against a real reply. "compact" is the family's compact request: the post-norm hidden
+   state instead of full-vocabulary logits, the trainer applying the lm_head (fetched once).
+2. The compact option's logits, F.linear(final_hidden, lm_head) on the trainer, against the logits the
+   server's forward computes, on a random Llama on the CPU in float32 and bfloat16: max |diff|, and
+   whether they are bit-identical for the same batch, and for one row of it.
+3. Tokens/s of each family's request through one server (loopback HTTP, RemoteTargetBackend.capture)
+   against the bare capture (the same runner called directly), both measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from aiohttp import web
+
+from eagle3_target.protocol import capture, wire
+from eagle3_target.protocol.families import families
+from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
+from eagle3_target.server.runners.base import Capture, ForwardInputs
+from eagle3_target.server.runners.hf import HFRunner
+from eagle3_target.server.runners.tiny import build_tiny_llama
+
+QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
+LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
+DRAFT_VOCAB = 32000
+# family -> (the target NeMo's recipe pairs it with here, target_layer_ids)
+REAL = {
+    "dflash": ("Qwen3-8B", QWEN3_8B, [1, 9, 17, 25, 33]),  # DFlash's build_target_layer_ids(36, 5)
+    "jetspec": ("Qwen3-8B", QWEN3_8B, [1, 9, 17, 25, 33]),
+    "dspark": ("Qwen3-8B", QWEN3_8B, [1, 10, 18, 26, 35]),  # DSpark's build_target_layer_ids(36, 5)
+    "peagle": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),  # EAGLE-3's default aux layers
+    "eagle1": ("Llama-3.1-8B", LLAMA31_8B, []),
+    "eagle3": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),
+}
+# A small Llama with realistic proportions (vocab >> hidden) for the CPU timings.
+BENCH_LLAMA = dict(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+)
+SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
+
+
+def reply_bytes(features: Features, batch: int, seq: int, shape: dict, dtype=torch.bfloat16) -> int:
+    """The wire bytes of a /generate reply for ``features``: entry headers plus tensor bytes."""
+    want = capture.expected(
+        features, batch, seq, shape["hidden_size"], shape["vocab_size"], DRAFT_VOCAB, dtype
+    )
+    total = len(wire.MAGIC_BYTES)
+    for key, (kind, dims) in want.items():
+        meta = torch.empty(dims, dtype=kind or dtype, device="meta")
+        total += len(wire._entry_header(key, meta)) + meta.numel() * meta.element_size()
+    return total
+
+
+def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
+    """Each family's exact request and, where it has one, its compact request."""
+    out = {}
+    for name, family in families().items():
+        ids = layer_ids[: 3 if name in ("peagle", "eagle3") else 5]
+        out[name] = family.ask(ids, num_layers)
+        if family.compact is not None:
+            out[f"{name} compact"] = family.compact(ids, num_layers)
+    return out
+
+
+def bytes_table(seq: int = 4096) -> dict:
+    rows = {}
+    for name, family in families().items():
+        model, shape, ids = REAL[name]
+        asks = {name: family.ask(ids, shape["num_hidden_layers"])}
+        if family.compact is not None:
+            asks[f"{name} compact"] = family.compact(ids, shape["num_hidden_layers"])
+        for label, features in asks.items():
+            rows[label] = dict(
+                target=model,
+                request=features.to_header(),
+                bytes_per_token=reply_bytes(features, 1, seq, shape) / seq,
+            )
+    return rows
+
+
+@torch.inference_mode()
+def compact_exactness(model, batch: int, seq: int) -> dict:
+    """The trainer's lm_head over the shipped final hidden state against the server forward's logits."""
+    out = {}
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float32, torch.bfloat16):
+        runner = HFRunner(copy.deepcopy(model).to(dtype), name="bench")
+        got = runner.capture(
+            ForwardInputs(ids, torch.ones_like(ids)), Capture(final_hidden=True, logits=True)
+        )
+        head = runner.weight("lm_head").clone()  # what /weights/lm_head sends
+        trainer = F.linear(got.final_hidden.clone(), head)
+        one_row = F.linear(got.final_hidden[:1].clone(), head)
+        out[str(dtype).removeprefix("torch.")] = dict(
+            max_abs=float((trainer.float() - got.logits.float()).abs().max()),
+            identical=bool(torch.equal(trainer, got.logits)),
+            one_row_identical=bool(torch.equal(one_row, got.logits[:1])),
+            one_row_max_abs=float((one_row.float() - got.logits[:1].float()).abs().max()),
+        )
+    return out
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> dict:
+    """Per request: seconds of the bare capture and of RemoteTargetBackend.capture through one server."""
+    from eagle3_target.client import PoolOptions, RemoteTargetBackend
+    from eagle3_target.server.app import ServerOptions, TargetServer
+
+    ids, mask, loss = batch
+    draft = torch.randperm(runner.info.vocab_size, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB]
+    in_draft = torch.zeros(runner.info.vocab_size, dtype=torch.bool)
+    in_draft[draft] = True
+
+    def trainer(url: str) -> dict:
+        out = {}
+        for label, features in asks.items():
+            options = PoolOptions(start_timeout=60, request_timeout=600)
+            # Once the server is ready (its warm-up done): the runner serves one caller at a time.
+            with RemoteTargetBackend(url, options=options, features=features) as backend:
+                want = Capture.of(features)
+                bare = timed(lambda want=want: runner.capture(ForwardInputs(ids, mask), want), repeats)
+                if features.logits == LOGITS_DRAFT_PROBS:
+                    backend.set_vocab_mapping(draft, in_draft)
+                served = timed(lambda backend=backend: backend.capture(ids, mask, loss), repeats)
+            out[label] = dict(bare_s=bare, server_s=served, ratio=bare / served)
+        return out
+
+    async def run() -> dict:
+        server = TargetServer(lambda: runner, ServerOptions(max_batch_tokens=ids.numel()))
+        app_runner = server.app_runner()
+        await app_runner.setup()
+        await web.TCPSite(app_runner, "127.0.0.1", 0).start()
+        try:
+            return await asyncio.to_thread(trainer, f"http://127.0.0.1:{app_runner.addresses[0][1]}")
+        finally:
+            await app_runner.cleanup()
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", action="store_true", help="a tiny Llama and batch (the smoke test)")
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    rows, seq = (2, 32) if args.small else (args.rows, args.seq)
+    model = build_tiny_llama(seed=0, **(SMALL_LLAMA if args.small else BENCH_LLAMA))
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (rows, seq))
+    batch = (ids, torch.ones_like(ids), torch.ones_like(ids))
+    layers = model.config.num_hidden_layers
+    result = dict(
+        machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        torch=torch.__version__,
+        bytes_per_token=bytes_table(),
+        compact_exactness=compact_exactness(model, rows, seq),
+        cpu_shape=dict(batch=rows, seq=seq, **model.config.to_diff_dict()),
+        through_one_server=through_server(
+            HFRunner(model, name="bench"), requests([1, 2, 3, 4, 5], layers), batch, args.repeats
+        ),
+    )
+    print_table(result)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2)
+
+
+def print_table(result: dict) -> None:
+    print(f"{'request':16} {'target':13} {'KB/token':>9}")
+    for label, row in result["bytes_per_token"].items():
+        print(f"{label:16} {row['target']:13} {row['bytes_per_token'] / 1024:9.1f}")
+    for dtype, row in result["compact_exactness"].items():
+        print(
+            f"compact logits vs the forward's, {dtype}: identical {row['identical']} (max |diff| "
+            f"{row['max_abs']:.3g}); one row alone: identical {row['one_row_identical']} "
+            f"(max |diff| {row['one_row_max_abs']:.3g})"
+        )
+    shape = result["cpu_shape"]
+    print(
+        f"CPU, {result['machine']}: {shape['batch']} x {shape['seq']} tokens, hidden {shape['hidden_size']}"
+    )
+    print(f"{'request':16} {'bare s':>8} {'server s':>9} {'server/bare tokens/s':>21}")
+    for label, row in result["through_one_server"].items():
+        print(f"{label:16} {row['bare_s']:8.3f} {row['server_s']:9.3f} {row['ratio']:21.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Feature requests on the server: the X-Eagle3-Features header checked against the runner, and one
+capture turned into the reply (protocol/capture.py). No HTTP here, as in the service."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from eagle3_target.protocol import capture as reply
+from eagle3_target.protocol.choices import NEMO
+from eagle3_target.protocol.features import FeatureError, Features
+from eagle3_target.protocol.supervision import VocabMapping
+
+from .errors import InvalidInput, OutOfRange
+from .runners import RunnerInfo, TargetRunner
+from .runners.base import Capture, ForwardInputs
+
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "seq_lens")  # ForwardInputs' fields
+
+
+def requested(info: RunnerInfo, header: str | None, encoding: str, p2p: bool) -> Features | None:
+    """The request's features, checked against the runner before any work; None: EAGLE-3's encodings."""
+    if header is None:
+        return None
+    if encoding != NEMO:
+        raise InvalidInput("features_with_encoding", "a feature request takes no encoding header")
+    if p2p:
+        raise InvalidInput("features_over_p2p", "feature replies go over the wire only")
+    try:
+        features = Features.from_header(header)
+        features.check(info.num_hidden_layers, info.features, f"this server ({info.engine})")
+    except FeatureError as exc:
+        raise (OutOfRange if exc.error == "layer_out_of_range" else InvalidInput)(
+            exc.error, exc.detail
+        ) from None
+    return features
+
+
+def capture(
+    runner: TargetRunner,
+    inputs: dict[str, torch.Tensor],
+    features: Features,
+    vocab: VocabMapping | None,
+    timings: dict[str, float],
+) -> dict[str, torch.Tensor]:
+    """On the model thread: one capture of what ``features`` ask, assembled into the reply on the device."""
+    device = runner.info.device
+    start = time.perf_counter()
+    forward = ForwardInputs(**{k: inputs[k].to(device) for k in FORWARD_KEYS if inputs.get(k) is not None})
+    got = runner.capture(forward, Capture.of(features))
+    if torch.device(device).type == "cuda":  # the forward's time, not the next phase's
+        torch.cuda.synchronize(device)
+    timings["forward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    loss_mask = inputs["loss_mask"].to(device)
+    out = reply.reply(
+        features, got.hidden_states, got.final_hidden, got.logits, forward.input_ids, loss_mask, vocab
+    )
+    timings["projection"] = time.perf_counter() - start
+    return out
