@@ -382,3 +382,46 @@ def test_429_with_retry_after_alone_waits_then_is_served(trainer, hostile):
     result = trainer.run(endpoints=[hostile({"generate": generate})])
     _served(result)
     assert result["failovers"] == 0, result
+
+
+# -- the feature-capture path and whole weights (i31's client API) -----------------------------
+
+FEATURES = {"layers": [3, -1], "final_hidden": True, "logits": "full"}
+CAPTURE = {
+    "200 declaring 6 GiB": {"generate": always(declared(200, 6 * GIB, MAGIC))},
+    "a 4 GB key": {"generate": always(_blob_reply(MAGIC + struct.pack("<I", 0xFFFFFFF0) + b"x" * 10))},
+    "an endless chunked body": {"generate": always(endless(200, chunked=True))},
+    "NaN hidden states": {
+        "generate": mangle(edit_blob(lambda t: {**t, "hidden_states": t["hidden_states"] * float("nan")}))
+    },
+    "a duplicated key": {"generate": mangle(_duplicate_first_key)},
+    "the previous batch's reply": {"generate": _stale_generate(strip_binding=False)},
+}
+
+
+@pytest.mark.parametrize("name", list(CAPTURE))
+def test_a_capture_reply_is_bounded_and_checked_like_supervision(trainer, servers, hostile, name):
+    """The limit of a capture reply follows from its features and the batch's shape."""
+    url = hostile(CAPTURE[name])
+    result = trainer.run(endpoints=[url, servers[0]], settle=2.0, features=FEATURES, captures=4, batches=0)
+    _served({**result, "correct": result["correct"] - 1})  # four captures: the stale server is asked twice
+    assert result["failovers"] >= 1, result  # the hostile server was asked, and refused
+
+
+@pytest.mark.parametrize(
+    "weight",
+    [
+        _blob_reply(wire.encode({"weight": torch.zeros(7, 3, dtype=torch.bfloat16)})),
+        _blob_reply(MAGIC + struct.pack("<I", 0xFFFFFFF0) + b"x" * 10),
+        declared(200, 10**13),
+    ],
+    ids=["shape [7, 3]", "a 4 GB key", "declaring 10^13 bytes"],
+)
+def test_whole_weights_must_match_the_agreed_shape(trainer, servers, hostile, weight):
+    rules = {f"{contract.WEIGHTS}/lm_head": always(weight)}
+    options = {**OPTIONS, "deadline": 2.0}
+    _clean(trainer.run(endpoints=[hostile(rules)], features=FEATURES, weights=["lm_head"], options=options))
+    result = trainer.run(
+        endpoints=[hostile(rules), servers[0]], settle=2.0, features=FEATURES, weights=["lm_head"]
+    )
+    _served({**result, "correct": 3})

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from client_support import draft_vocab, expected, make_batch  # noqa: E402
 
-from eagle3_target.client import PoolOptions, RemoteTargetBackend  # noqa: E402
+from eagle3_target.client import Features, PoolOptions, RemoteTargetBackend  # noqa: E402
+from eagle3_target.server.runners.base import Capture, ForwardInputs  # noqa: E402
 from eagle3_target.server.runners.synthetic import SyntheticRunner  # noqa: E402
 
 
@@ -36,9 +37,21 @@ def _status_kb(field: str) -> int:
 def run_case(case: dict) -> dict:
     runner, vocab = SyntheticRunner(), draft_vocab()
     options = PoolOptions(**case.get("options", {}))
+    features = Features(**case["features"]) if "features" in case else None
     result: dict = {"correct": 0, "error": None}
-    with RemoteTargetBackend(case["endpoints"], options=options, encoding=case.get("encoding")) as backend:
+    with RemoteTargetBackend(
+        case["endpoints"], options=options, encoding=case.get("encoding"), features=features
+    ) as backend:
         result["wait_for_servers"] = backend.wait_for_servers(case.get("settle", 0.0))
+        for name in case.get("weights", []):
+            assert torch.equal(backend.target_weight(name), runner.weight(name)), f"wrong weight {name}"
+        for seed in range(case.get("captures", 0)):
+            ids, mask, loss = make_batch(seed)
+            got = backend.capture(ids, mask, loss)
+            want = runner.capture(ForwardInputs(ids, mask), Capture.of(features))
+            for key in got:
+                assert torch.equal(got[key], getattr(want, key)), f"capture {seed}: wrong {key}"
+            result["correct"] += 1
         if case.get("embeddings"):
             weight = backend.get_input_embeddings().weight
             assert torch.equal(weight, runner.input_embeddings()), "wrong input embeddings"
