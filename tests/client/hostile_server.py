@@ -11,12 +11,20 @@ The proxy runs on its own event-loop thread; the trainer under test runs in anot
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import json
+import ssl
 import struct
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from eagle3_target.protocol import wire
 
@@ -63,15 +71,17 @@ class HostileProxy:
     upstream: str
     rules: dict[str, Rule] = field(default_factory=dict)  # path without "/" -> rule
     seen: dict[str, int] = field(default_factory=dict)  # requests per path
+    tls: ssl.SSLContext | None = None  # set: the proxy speaks https (a TLS front of a plain server)
 
     def start(self) -> str:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", 0), self.loop
+            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls), self.loop
         ).result(10)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        scheme = "http" if self.tls is None else "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self.url
 
     def close(self) -> None:
@@ -201,3 +211,34 @@ def entry(key: bytes, code: int, shape: list[int], nbytes: int) -> bytes:
         + struct.pack(f"<{len(shape)}q", *shape)
         + struct.pack("<Q", nbytes)
     )
+
+
+def self_signed(directory) -> tuple[str, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 (its PEM path, for SSL_CERT_FILE) and a server context serving it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_path, key_path)
+    return str(cert_path), context

@@ -32,6 +32,7 @@ from .hostile_server import (
     json_response,
     mangle,
     response,
+    self_signed,
 )
 
 PEAK_MB = 48  # every reply here is bounded by a limit of at most 1 MiB (JSON) or the batch's ~80 KB
@@ -50,7 +51,7 @@ OPTIONS = {
 class Trainer:
     """The worker process: one case in, one result out; it must outlive every case."""
 
-    def __init__(self, stderr_path: Path):
+    def __init__(self, stderr_path: Path, ca_file: str):
         self.stderr = stderr_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("trainer_worker.py"))],
@@ -58,7 +59,7 @@ class Trainer:
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "SSL_CERT_FILE": ca_file},  # trusts the test's https
         )
         assert json.loads(self.process.stdout.readline()) == {"ready": True}
 
@@ -76,9 +77,14 @@ class Trainer:
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
+def tls(tmp_path_factory):
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory, tls):
     stderr = tmp_path_factory.mktemp("trainer") / "stderr.log"
-    worker = Trainer(stderr)
+    worker = Trainer(stderr, ca_file=tls[0])
     yield worker
     worker.close()
     logged = stderr.read_text()
@@ -425,3 +431,16 @@ def test_whole_weights_must_match_the_agreed_shape(trainer, servers, hostile, we
         endpoints=[hostile(rules), servers[0]], settle=2.0, features=FEATURES, weights=["lm_head"]
     )
     _served({**result, "correct": 3})
+
+
+def test_an_https_endpoint_is_served_over_tls(trainer, servers, tls):
+    """The bearer token's protection without a mesh: an https:// endpoint (a TLS front of a real server,
+    its certificate trusted through SSL_CERT_FILE) serves exact batches."""
+    proxy = HostileProxy(servers[1], tls=tls[1])
+    try:
+        url = proxy.start()
+        assert url.startswith("https://")
+        _served(trainer.run(endpoints=[url], encoding="logits"))
+        assert proxy.seen["generate"] >= 3
+    finally:
+        proxy.close()
