@@ -211,6 +211,9 @@ BESIDE = {
     "a 400 for every batch": {
         "generate": always(json_response(400, {"error": "bad", "detail": "no"}).encode())
     },
+    "a 400 for the vocab mapping": {
+        "set_vocab_mapping": always(json_response(400, {"error": "bad", "detail": "no"}).encode())
+    },
     # 3. wrong tensors
     "a duplicated key": {"generate": mangle(_duplicate_first_key)},
     "NaN supervision": {"generate": mangle(edit_blob(_nan))},

@@ -26,7 +26,7 @@ from eagle3_target.protocol.model_info import ModelInfo
 
 from .connection import RequestRejected, ServerConnection, ServerError
 from .endpoints import EndpointResolver
-from .errors import BatchFailedError
+from .errors import BatchFailedError, ServerFault
 from .fetch import (
     Reply,
     fetch_capture,
@@ -202,6 +202,8 @@ class TargetPool:
         error = task.exception()
         if error is None:
             member.strikes = 0
+            for url in rejected:  # they refused what this server answered: the fault was theirs
+                self._quarantine_url(url, ServerFault(f"refused a request {member.url} served"))
             return task.result()
         if isinstance(error, (BatchFailedError, RequestRejected, P2PUnavailable, encodings.EncodingError)):
             raise error
@@ -221,6 +223,12 @@ class TargetPool:
         self.failovers += 1
         self.membership.quarantine(member, error)
         return _FAILED
+
+    def _quarantine_url(self, url: str, error: BaseException) -> None:
+        member = self.members.get(url)
+        if member is not None:
+            self.failovers += 1
+            self.membership.quarantine(member, error)
 
     def hedge_threshold(self) -> float:
         """max(hedge_after, factor x p99 of recent /generate times): never below the floor, and a slow

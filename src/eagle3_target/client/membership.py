@@ -59,7 +59,7 @@ class Member:
     refusal: BaseException | None = None
     agreement: Agreement | None = None  # set at each admission, whole
     probed_info: ModelInfo | None = None  # /model_info read before the first join, used by it
-    strikes: int = 0  # quarantines since its last good answer: each doubles the wait before it rejoins
+    strikes: int = 0  # quarantines since its last good answer: each quadruples the wait before it rejoins
     rest_until: float = 0.0  # loop time before which it takes no request (it answered 429 + Retry-After)
     tasks: set[asyncio.Task] = field(default_factory=set)
 
