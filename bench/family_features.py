@@ -15,7 +15,7 @@ exactness, and tokens/s through one server against the bare forward, on the CPU.
    server's forward computes, on a random Llama on the CPU in float32 and bfloat16: max |diff|, and
    whether they are bit-identical for the same batch, and for one row of it.
 3. Tokens/s of each family's request through one server (loopback HTTP, RemoteTargetBackend.capture)
-   against the bare capture (the same runner called directly), both measured in this run.
+   against the bare capture (the same runner called directly), measured in turn in this run.
 """
 
 from __future__ import annotations
@@ -124,14 +124,17 @@ def compact_exactness(model, batch: int, seq: int) -> dict:
     return out
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def interleaved(first, second, repeats: int) -> tuple[float, float]:
+    """Median seconds of ``first`` and of ``second``, run in turn (after one warm-up each), so a busy
+    machine slows both alike."""
+    first(), second()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> dict:
@@ -150,11 +153,14 @@ def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> di
             options = PoolOptions(start_timeout=60, request_timeout=600)
             # Once the server is ready (its warm-up done): the runner serves one caller at a time.
             with RemoteTargetBackend(url, options=options, features=features) as backend:
-                want = Capture.of(features)
-                bare = timed(lambda want=want: runner.capture(ForwardInputs(ids, mask), want), repeats)
                 if features.logits == LOGITS_DRAFT_PROBS:
                     backend.set_vocab_mapping(draft, in_draft)
-                served = timed(lambda backend=backend: backend.capture(ids, mask, loss), repeats)
+                want = Capture.of(features)
+                bare, served = interleaved(
+                    lambda want=want: runner.capture(ForwardInputs(ids, mask), want),
+                    lambda backend=backend: backend.capture(ids, mask, loss),
+                    repeats,
+                )
             out[label] = dict(bare_s=bare, server_s=served, ratio=bare / served)
         return out
 
@@ -174,9 +180,9 @@ def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true", help="a tiny Llama and batch (the smoke test)")
-    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     rows, seq = (2, 32) if args.small else (args.rows, args.seq)

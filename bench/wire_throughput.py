@@ -54,7 +54,7 @@ SHAPES = {
 }
 # Small responses take milliseconds, where scheduling noise on a shared VM is large: take more of them.
 DEFAULT_REPEATS = {"8b": 9, "small": 27}
-COMPUTE_PHASES = ("decode", "forward", "projection", "encode")
+COMPUTE_PHASES = ("decode", "forward", "projection", "copy", "encode")
 
 
 def _tcp_sender(port_queue, nbytes: int, repeats: int) -> None:

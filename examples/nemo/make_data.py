@@ -1,7 +1,8 @@
 """Writes what examples/nemo/recipe.yaml trains on, into the current directory (nothing is downloaded):
 
     target/               a tiny random Llama (the server's embedded one, its head sharpened so the target's
-                          distributions are peaked) with a word-level tokenizer and a chat template
+                          distributions are peaked; with --architecture qwen3 a Qwen3 of the same shape, for
+                          examples/nemo/dflash.yaml) with a word-level tokenizer and a chat template
     conversations.jsonl   OpenAI-style `messages` rows whose answers follow a pattern a draft can learn
 
 Then, from the same directory (docs/nemo.md):
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from eagle3_target.server.runners.tiny import TINY_LLAMA, build_tiny_llama
 
@@ -32,11 +33,25 @@ TEMPLATE = (
 )
 
 
-def write_target(path: Path, sharpen: float = 30.0) -> list[str]:
-    model = build_tiny_llama(seed=1)
+def write_target(path: Path, sharpen: float = 30.0, architecture: str = "llama") -> list[str]:
+    """The tiny target: the embedded Llama, or a Qwen3 of the same shape (what NeMo's DFlash recipes take)."""
+    model = build_tiny_llama(seed=1) if architecture == "llama" else build_tiny_qwen3(seed=1)
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)  # a random head alone gives near-uniform targets
     model.save_pretrained(path)
+    return write_tokenizer(path)
+
+
+def build_tiny_qwen3(seed: int) -> Qwen3ForCausalLM:
+    shape = {k: v for k, v in TINY_LLAMA.items() if k != "max_position_embeddings"}
+    config = Qwen3Config(**shape, head_dim=16, max_position_embeddings=4096)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(config).eval()
+
+
+def write_tokenizer(path: Path) -> list[str]:
+    """A word-level tokenizer with the chat template, beside the target's config; returns its plain words."""
     words = [f"w{i}" for i in range(TINY_LLAMA["vocab_size"] - len(SPECIAL))]
     word_level = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIAL + words)}, unk_token="<unk>"))
     word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -62,8 +77,14 @@ def write_conversations(path: Path, words: list[str], rows: int, seed: int = 0) 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the NeMo example's tiny target and conversations.")
     parser.add_argument("--rows", type=int, default=64, help="conversations to write (default 64)")
+    parser.add_argument(
+        "--architecture",
+        choices=["llama", "qwen3"],
+        default="llama",
+        help="the target's architecture: llama (EAGLE-3) or qwen3 (the DFlash family; default llama)",
+    )
     args = parser.parse_args()
-    words = write_target(Path("target"))
+    words = write_target(Path("target"), architecture=args.architecture)
     write_conversations(Path("conversations.jsonl"), words, args.rows)
     print(f"wrote target/ and conversations.jsonl ({args.rows} rows) in {Path.cwd()}")
 

@@ -37,7 +37,7 @@ COMMANDS = {
     ),
     "precompute": (
         "eagle3_target.client.precompute.cli",
-        "write NeMo's offline EAGLE-3 cache with the target fleet",
+        "write NeMo's offline EAGLE-3 or DSpark cache with the target fleet",
         "precompute",
     ),
 }

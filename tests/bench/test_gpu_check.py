@@ -22,7 +22,8 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "server overhead over the bare forward (goal <= 5%): nemo" in proc.stdout
+    assert "server overhead over the bare forward: nemo" in proc.stdout
+    assert "copy to host in the turn -> beside the next forward (goal <= 5%): nemo" in proc.stdout
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["shape"]["num_hidden_layers"] == 8
     tokens, hidden, draft = 2 * 32, 64, 128
@@ -34,12 +35,15 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     assert encodings["hidden"]["bytes"] < encodings["logits"]["bytes"] < encodings["nemo"]["bytes"]
     for numbers in encodings.values():
         assert numbers["tokens_per_s"] > 0 and numbers["server_compute_s"] > 0
-        assert list(numbers["server_phases_s"]) == ["decode", "forward", "projection", "encode"]
+        assert list(numbers["server_phases_s"]) == ["decode", "forward", "projection", "copy", "encode"]
         assert abs(sum(numbers["server_phases_s"].values()) - numbers["server_compute_s"]) < 0.01
         assert numbers["two_in_flight_tokens_per_s"] * numbers["two_in_flight_s"] == pytest.approx(tokens)
         bare = result["bare_forward"]["seconds"]
         assert numbers["overhead"] == numbers["server_compute_s"] / bare - 1
         assert numbers["peak_gpu_bytes"] is None  # no GPU here
+        in_service = numbers["service_two_in_flight_s"]
+        assert list(in_service) == ["copy_in_turn", "copy_overlapped"] and min(in_service.values()) > 0
+        assert numbers["service_two_in_flight_overhead"] == {m: t / bare - 1 for m, t in in_service.items()}
     assert result["bare_forward"]["tokens_per_s"] > 0
     assert result["server_overhead"] == encodings["nemo"]["overhead"]
     assert result["host_copy_gbps"] is None  # measured on a GPU only

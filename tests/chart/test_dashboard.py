@@ -97,11 +97,14 @@ def test_dashboard_shows_what_the_issue_asks_for():
         "sessions": "eagle3_target_sessions_active{",
         "heartbeat age": "time() - max(eagle3_target_heartbeat_timestamp_seconds{",
         "model load time": "eagle3_target_model_load_seconds{",
+        "queue depth by priority": "sum by (priority) (eagle3_target_generate_queued{",
+        "queue wait p50 by priority": "histogram_quantile(0.5, sum by (le, priority) (rate(eagle3_target_generate_queue_wait",
+        "queue wait p99 by priority": "histogram_quantile(0.99, sum by (le, priority) (rate(eagle3_target_generate_queue_wait",
     }
     missing = [what for what, fragment in wanted.items() if fragment not in exprs]
     assert missing == [], titles
     assert f'endpoint="{contract.GENERATE}"' in exprs
-    assert set(GENERATE_PHASES) == {"decode", "forward", "projection", "encode", "send"}
+    assert set(GENERATE_PHASES) == {"decode", "forward", "projection", "copy", "encode", "send"}
 
 
 def test_dashboard_is_importable_grafana_json():

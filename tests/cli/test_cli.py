@@ -77,6 +77,8 @@ def test_every_option_has_help_naming_its_default(command):
         (["train-draft"], "the following arguments are required: --config"),
         (["probe", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["serve", "--port", "99999"], "--port: 99999 is not a port"),
+        (["serve", "--max-queued-per-session", "0"], "--max-queued-per-session: must be at least 1, got 0"),
+        (["serve", "--max-priority", "urgent"], "--max-priority: invalid choice: 'urgent'"),
     ],
 )
 def test_a_rejected_argument_is_a_usage_error_before_any_heavy_import(args, message):

@@ -53,3 +53,22 @@ def test_nemo_recipe_trains_a_draft_on_the_generated_data(tmp_path):
         server.kill()
     assert "Training complete" in done.stdout + done.stderr
     assert list((tmp_path / "run" / "checkpoints").glob("epoch_*_step_*/model/consolidated/*.safetensors"))
+
+
+def test_nemo_dflash_recipe_trains_a_draft_on_the_generated_qwen3(tmp_path):
+    run([str(EXAMPLES / "nemo" / "make_data.py"), "--rows", "32", "--architecture", "qwen3"], cwd=tmp_path)
+    server = TargetProcess("127.0.0.2", "--model", str(tmp_path / "target"))
+    try:
+        server.wait_ready()
+        config = str(EXAMPLES / "nemo" / "dflash.yaml")
+        done = run(
+            ["-m", "eagle3_target.cli", "train-draft", "--config", config],
+            cwd=tmp_path,
+            EAGLE3_TARGET_SERVICE=server.url,
+        )
+    finally:
+        server.kill()
+    assert "Saved final checkpoint" in done.stdout + done.stderr
+    assert list(
+        (tmp_path / "run-dflash" / "checkpoints").glob("epoch_*_step_*/model/consolidated/*.safetensors")
+    )

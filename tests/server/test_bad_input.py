@@ -16,6 +16,46 @@ V = 64
 ok_ids = torch.zeros(2, 4, dtype=torch.long)
 good_vocab = vocab_body(torch.arange(10), torch.ones(V, dtype=torch.bool))
 
+
+def packed_body(seq_lens, position_ids=None, ids=ok_ids) -> bytes:
+    """A [2, 4] batch with NeMo's packing metadata (position_ids default: a valid [0, 1, 0, 1] per row)."""
+    ones = torch.ones_like(ids)
+    extra = {"seq_lens": torch.as_tensor(seq_lens)} if seq_lens is not None else {}
+    if position_ids is not False:
+        extra["position_ids"] = torch.tensor([[0, 1, 0, 1]] * 2) if position_ids is None else position_ids
+    return wire.encode({"input_ids": ids, "attention_mask": ones, "loss_mask": ones, **extra})
+
+
+PACKING_CASES = [
+    # (name, body, status, error): parsed before the capability is asked, so malformed metadata is named
+    # as such on any server; well-formed metadata to a runner without packing is refused as not offered.
+    ("packing: lengths not summing to S", packed_body([[2, 1], [2, 2]]), 400, "bad_packing"),
+    ("packing: negative length", packed_body([[6, -2], [2, 2]]), 400, "bad_packing"),
+    (
+        "packing: more documents than tokens",
+        packed_body([[1, 1, 1, 1, 0], [4, 0, 0, 0, 0]]),
+        400,
+        "bad_packing",
+    ),
+    ("packing: seq_lens for another batch", packed_body([[2, 2]]), 400, "bad_packing"),
+    ("packing: seq_lens without position_ids", packed_body([[2, 2], [4, 0]], False), 400, "bad_packing"),
+    ("packing: position_ids without seq_lens", packed_body(None), 400, "bad_packing"),
+    (
+        "packing: position past the row",
+        packed_body([[2, 2], [4, 0]], torch.full((2, 4), 4)),
+        400,
+        "bad_packing",
+    ),
+    ("packing: negative position", packed_body([[2, 2], [4, 0]], torch.full((2, 4), -1)), 400, "bad_packing"),
+    (
+        "packing: int32 seq_lens",
+        packed_body(torch.tensor([[2, 2], [4, 0]], dtype=torch.int32)),
+        400,
+        "wrong_dtype",
+    ),
+    ("packing: not offered by this runner", packed_body([[2, 2], [4, 0]]), 400, "packing_not_offered"),
+]
+
 CASES = [
     # (name, method, endpoint, body, needs vocab mapping first, status, error)
     ("bad magic", "POST", "generate", b"GFPS\0\0\0\0", True, 400, "bad_wire_blob"),
@@ -132,6 +172,7 @@ CASES = [
         "bad_shape",
     ),
     ("vocab not a blob", "POST", "set_vocab_mapping", b"{}", False, 400, "bad_wire_blob"),
+    *[(name, "POST", "generate", body, True, status, error) for name, body, status, error in PACKING_CASES],
     ("unknown endpoint", "POST", "nope", b"", False, 404, "not_found"),
     ("trailing slash", "POST", "generate/", b"", False, 404, "not_found"),
     ("GET on a POST endpoint", "GET", "generate", b"", False, 405, "method_not_allowed"),

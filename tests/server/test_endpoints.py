@@ -319,7 +319,7 @@ async def test_server_timing_reports_phases(hf_server):
     await hf_server.post("set_vocab_mapping", vocab_body(*draft_vocab()))
     resp = await hf_server.post("generate", generate_body(torch.zeros(1, 8, dtype=torch.long)))
     phases = [part.split(";")[0].strip() for part in resp.headers["Server-Timing"].split(",")]
-    assert phases == ["decode", "forward", "projection", "encode"]
+    assert phases == ["decode", "forward", "projection", "copy", "encode"]
 
 
 def test_hf_runner_captures_layer_outputs_of_mainstream_architectures():

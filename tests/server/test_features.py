@@ -13,9 +13,10 @@ from nemo_automodel.components.speculative.eagle.target_v12 import HFEagleTarget
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import capture, wire
-from eagle3_target.protocol.contract import ENCODING_HEADER, FEATURES_HEADER
+from eagle3_target.protocol.contract import ENCODING_HEADER, FEATURES_HEADER, NCCL_HEADER
 from eagle3_target.protocol.families import family
 from eagle3_target.protocol.features import Features
+from eagle3_target.server.errors import InvalidInput
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -115,6 +116,16 @@ def test_a_capture_computes_nothing_past_what_it_asks(tiny):
     assert torch.equal(got.final_hidden, want)
 
 
+def test_runners_refuse_packing_metadata_they_cannot_honour():
+    """The hf runner honours it (tests/server/test_packing.py); the synthetic one cannot."""
+    ids, mask, _ = batch()
+    for runner in (SyntheticRunner(vocab_size=V),):
+        for packed in (ForwardInputs(ids, mask, position_ids=mask), ForwardInputs(ids, mask, seq_lens=mask)):
+            with pytest.raises(InvalidInput, match="cannot run packed sequences") as err:
+                runner.capture(packed, Capture(layers=(1,)))
+            assert err.value.error == "packing_not_offered"
+
+
 def test_the_synthetic_runner_captures_too():
     runner = SyntheticRunner(vocab_size=V, hidden_size=16, num_hidden_layers=L)
     ids, mask, _ = batch()
@@ -148,6 +159,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             (Features(final_hidden=True).to_header(), 400, "feature_not_offered"),
             (Features(layers=(-1,)).to_header(), 400, "feature_not_offered"),
             ("{not json", 400, "bad_features"),
+            ("[" * 3000, 400, "bad_features"),
+            ('{"layers":' + "[" * 2000 + "]" * 2000 + "}", 400, "bad_features"),
             ('{"layers":[1],"colour":"red"}', 400, "bad_features"),
             ("{}", 400, "bad_features"),
             ('{"logits":"full","shift":"yes"}', 400, "bad_features"),
@@ -158,6 +171,8 @@ async def test_bad_feature_requests_are_4xx_with_json_and_the_server_keeps_servi
             assert body["detail"]
         got, body = await ask(srv, Features(layers=(1,)), ids, **{ENCODING_HEADER: "logits"})
         assert (got, body["error"]) == (400, "features_with_encoding")
+        got, body = await ask(srv, Features(layers=(1,)), ids, **{NCCL_HEADER: "1"})
+        assert (got, body["error"]) == (400, "features_over_p2p")
         assert (await ask(srv, Features(layers=(2, 1)), ids))[0] == 200
     async with serve(lambda: SyntheticRunner(**options), ServerOptionsCap(64)) as srv:
         got, body = await ask(srv, Features(layers=(1,)), torch.zeros(5, 13, dtype=torch.long))
@@ -174,7 +189,14 @@ async def test_model_info_lists_features_and_weights_serves_them(tiny):
     async with serve(lambda: HFRunner(tiny, name="tiny")) as srv:
         async with srv.http.post(f"{srv.url}/model_info") as resp:
             info = await resp.json()
-        assert info["features"] == ["layers", "embedding_output", "final_hidden", "logits", "draft_probs"]
+        assert info["features"] == [
+            "layers",
+            "embedding_output",
+            "final_hidden",
+            "logits",
+            "draft_probs",
+            "packing",
+        ]
         assert info["weights"] == ["input_embeddings", "lm_head", "final_norm"]
         want = {
             "input_embeddings": tiny.model.embed_tokens.weight,

@@ -37,7 +37,7 @@ async def test_generate_gives_nemo_supervision_for_the_sessions_mapping():
         await svc.set_vocab_mapping("s", bytearray(vocab_body(ids, mask)))
         async with svc.generate(GenerateRequest("s", bytearray(generate_body(input_ids)))) as answer:
             assert answer.transfer is None and answer.encoding == "nemo" and answer.tokens == 12
-            assert set(answer.timings) == {"decode", "forward", "projection"}
+            assert set(answer.timings) == {"decode", "forward", "projection", "copy"}
             runner = svc.runner
             logits, aux = runner.forward(input_ids, torch.ones_like(input_ids))
             want = spec_reference(logits, aux, input_ids, torch.ones_like(input_ids), ids, mask)

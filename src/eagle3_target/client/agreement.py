@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_target.protocol import contract, encodings
-from eagle3_target.protocol.features import Features
+from eagle3_target.protocol.features import CAN_PACKING, Features
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .p2p import P2PChannel, wanted
@@ -33,10 +33,17 @@ class Agreement:
         data_path: str,
         timeout: float,
         features: Features | None = None,
+        packing: bool = False,
     ) -> Agreement:
         """The terms for a server offering ``info``: ``encoding`` as asked ("auto" allowed; EncodingError
         if it does not offer it), a p2p channel where ``data_path`` and its offer allow one, and
-        ``features`` if it can serve them (FeatureError if not)."""
+        ``features`` if it can serve them (FeatureError if not); with ``packing``, EncodingError unless
+        it honours NeMo's packed rows."""
+        if packing and CAN_PACKING not in (info.features or ()):
+            raise encodings.EncodingError(
+                f"{url} cannot compute packed rows (engine {info.engine or 'unknown'} offers no packing); "
+                "packed training needs hf servers"
+            )
         chosen = encodings.choose(encoding, encodings.offered(info), url)
         if features is not None:
             features.check(info.num_hidden_layers, info.features, url)

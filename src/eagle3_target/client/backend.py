@@ -39,9 +39,14 @@ class TargetBatch:
     loss_mask: torch.Tensor  # [B, S] int64, shifted left by one
     target_probs: torch.Tensor  # [B, S, Vd] float32
     position_mask: torch.Tensor  # [B, S, 1] bool
+    # NeMo's packing metadata, the caller's own (unshifted), for its trainer; None for unpacked rows
+    position_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    doc_remaining: torch.Tensor | None = None
 
     def as_dict(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The tensors this batch holds (packing metadata only when packed)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 class BatchHandle:
@@ -53,11 +58,13 @@ class BatchHandle:
         inputs: dict[str, torch.Tensor],
         device: torch.device,
         on_device: _DeviceCache,
+        packing: dict[str, torch.Tensor] | None = None,
     ):
         self._future = future
         self._inputs = inputs
         self._device = device
         self._on_device = on_device
+        self._packing = packing or {}
 
     def done(self) -> bool:
         return self._future.done()
@@ -75,7 +82,7 @@ class BatchHandle:
         supervision = encodings.decode(
             reply.encoding, tensors, inputs["input_ids"], inputs["loss_mask"], rows
         )
-        return TargetBatch(attention_mask=inputs["attention_mask"], **supervision)
+        return TargetBatch(attention_mask=inputs["attention_mask"], **supervision, **self._packing)
 
 
 class _DeviceCache:
@@ -205,23 +212,56 @@ class RemoteTargetBackend:
         return self._embeddings
 
     def generate_batch_async(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
     ) -> BatchHandle:
-        """Submit one batch; the handle's ``result()`` returns its TargetBatch."""
+        """Submit one batch; the handle's ``result()`` returns its TargetBatch.
+
+        Packed rows (NeMo's ``packed_sequence_size``) add ``position_ids`` and ``seq_lens``, which the
+        servers compute under, and ``doc_remaining``, which only comes back in the batch for the trainer."""
         given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=True))
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
+        packing = self._packing(position_ids, seq_lens, doc_remaining)
+        if packing:
+            given.update(position_ids=position_ids, seq_lens=seq_lens)
         inputs = {k: t.detach().to("cpu", torch.int64) for k, t in given.items()}
         batch, seq = inputs["input_ids"].shape
         reply = self.pool.generate(wire.encode(inputs), batch, seq, self._draft_vocab)
         inputs["attention_mask"] = attention_mask  # the caller's own, as NeMo returns it
         device = self.device or input_ids.device
-        return BatchHandle(self._submit(reply), inputs, device, self._head_rows)
+        return BatchHandle(self._submit(reply), inputs, device, self._head_rows, packing)
+
+    def _packing(self, position_ids, seq_lens, doc_remaining) -> dict[str, torch.Tensor]:
+        """The packing metadata handed back in the batch; {} for unpacked rows."""
+        if position_ids is None and seq_lens is None:
+            return {}
+        if position_ids is None or seq_lens is None:
+            raise ValueError("packed rows need both position_ids and seq_lens")
+        if not self.pool.options.packing:
+            raise ValueError(
+                "packed rows need PoolOptions(packing=True): servers without packing are then refused"
+            )
+        packing = {"position_ids": position_ids, "seq_lens": seq_lens}
+        return packing if doc_remaining is None else {**packing, "doc_remaining": doc_remaining}
 
     def generate_batch(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
     ) -> TargetBatch:
-        return self.generate_batch_async(input_ids, attention_mask, loss_mask).result()
+        return self.generate_batch_async(
+            input_ids, attention_mask, loss_mask, position_ids, seq_lens, doc_remaining
+        ).result()
 
     # -- feature requests (our extension) ---------------------------------------------------
 

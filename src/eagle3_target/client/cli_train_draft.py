@@ -1,6 +1,7 @@
-"""`eagle3-target train-draft --config X.yaml [--dotted.key=value ...]`: NeMo's EAGLE-3 recipe on the fleet.
+"""`eagle3-target train-draft --config X.yaml [--dotted.key=value ...]`: a NeMo draft recipe on the fleet.
 
-The overrides are NeMo's own (``--checkpoint.checkpoint_dir=D``, ``--remote_target.endpoints=...``):
+The YAML's ``recipe:`` key picks the recipe as NeMo's launcher does (a class name, a dotted path or
+``{_target_: path}``; default TrainEagle3Recipe); protocol/families/ lists those the fleet trains. The overrides are NeMo's own (``--checkpoint.checkpoint_dir=D``, ``--remote_target.endpoints=...``):
 they are checked for shape here and applied by NeMo's config parser.
 """
 
@@ -16,7 +17,12 @@ ACCEPTS_OVERRIDES = True
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, type=Path, help="NeMo EAGLE-3 recipe YAML (required)")
+    p.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        help="NeMo recipe YAML (required); its recipe: key picks the recipe",
+    )
     p.epilog = "Any --dotted.key=value (or --dotted.key value) overrides that key of the YAML."
 
 
@@ -38,6 +44,11 @@ def override_argv(tokens: list[str]) -> list[str]:
     return overrides
 
 
+def plain(value):
+    """A config value as plain YAML data (NeMo's parser gives sections as ConfigNode)."""
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         overrides = override_argv(getattr(args, "overrides", []))
@@ -46,19 +57,25 @@ def run(args: argparse.Namespace) -> int:
     if not args.config.is_file():
         raise CommandError(f"--config {args.config}: no such file", Exit.USAGE)
     try:
-        from .nemo import TrainEagle3Recipe  # first: its ImportError says what to install
+        from . import nemo  # first: its ImportError says what to install
         from .nemo._imports import nemo_module
     except ImportError as exc:
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     import yaml  # NeMo's own YAML library
 
+    from eagle3_target.protocol.families import recipe_name
+
     from .endpoints import EndpointError
 
     parser = nemo_module("components.config._arg_parser")
+    bad_input = (EndpointError, ValueError, yaml.YAMLError)
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
-        recipe = TrainEagle3Recipe(cfg)
-    except (EndpointError, ValueError, yaml.YAMLError) as exc:
+        recipe_class = nemo.recipe_class(recipe_name(plain(cfg.get("recipe", None))))
+        recipe = recipe_class(cfg)
+    except ImportError as exc:  # NeMo without the recipe's dependencies
+        raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
+    except bad_input as exc:
         raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
     recipe.setup()
     recipe.run_train_validation_loop()

@@ -242,7 +242,13 @@ class Membership:
         self.model.admit(member.url, info)
         options = self.options
         agreement = Agreement.make(
-            member.url, info, options.encoding, options.data_path, options.request_timeout, options.features
+            member.url,
+            info,
+            options.encoding,
+            options.data_path,
+            options.request_timeout,
+            options.features,
+            packing=options.packing,
         )
         sent = None
         while self.vocab_blob is not sent:  # again if it was replaced while we were sending

@@ -40,6 +40,8 @@ class PoolOptions:
     # A feature request (protocol/features.py) every server must be able to serve, checked at join;
     # RemoteTargetBackend.capture asks it. None: EAGLE-3's supervision only.
     features: Features | None = None
+    # True: generate_batch may carry NeMo's packing metadata; a server that cannot honour it is refused at join
+    packing: bool = False
 
     def __post_init__(self):
         if self.encoding not in encodings.CHOICES:

@@ -40,6 +40,10 @@ DEFAULT_PORT = 8001  # HTTP; NeMo's default too
 SUPERVISION_KEYS = ("aux_hidden_states", "target_probs", "position_mask", "input_ids", "loss_mask")
 GENERATE_INPUT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 VOCAB_KEYS = ("selected_token_ids", "selected_token_mask")
+# Our extension: NeMo's sequence-packing metadata, both or neither, that a /generate body may add where
+# /model_info offers "packing": position_ids [B, S] (per document) and seq_lens [B, D] (document lengths,
+# 0-padded, each row summing to S). NeMo's doc_remaining only gates the trainer's loss: it stays there.
+PACKING_KEYS = ("position_ids", "seq_lens")
 
 # Our extension: a /generate's request id, and in the reply that id and the digest of the request body
 # (see protocol/binding.py). Sent only by our client; a stock NeMo client sees no change.
@@ -56,6 +60,8 @@ SEQUENCE_HEADER = "X-Eagle3-Seq"
 ENCODING_HEADER = "X-Eagle3-Encoding"
 # Our extension: a feature request on /generate (features.py), echoed on its reply.
 FEATURES_HEADER = "X-Eagle3-Features"
+# Our extension: the priority class of a /generate (low, normal, high), its share while sessions wait.
+PRIORITY_HEADER = "X-Eagle3-Priority"
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"  # NeMo's p2p group name, then the port
 # Our extension: /init_nccl {"auth": P2P_AUTH} asks for a per-group secret and a proven peer.

@@ -113,7 +113,7 @@ class Features:
             raise FeatureError("bad_features", f"the features header is over {MAX_HEADER_CHARS} characters")
         try:
             doc = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays
             raise FeatureError("bad_features", f"the features header is not JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise FeatureError("bad_features", "the features header is a JSON object")

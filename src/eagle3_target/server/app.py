@@ -173,6 +173,7 @@ class TargetServer:
             p2p=request.headers.get(contract.NCCL_HEADER) == "1",
             sequence=request.headers.get(contract.SEQUENCE_HEADER),
             features=request.headers.get(contract.FEATURES_HEADER),
+            priority=request.headers.get(contract.PRIORITY_HEADER),
         )
         echo = binding.reply_headers(request.headers, asked.body)  # {} for a stock NeMo client
         async with self.service.generate(asked) as answer:

@@ -19,8 +19,11 @@ from .options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUED_PER_SESSION,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_PRIORITY,
     EMBEDDED_MODEL,
+    PRIORITIES,
     ServerOptions,
     UsageError,
 )
@@ -42,6 +45,13 @@ def _aux_ids(text: str) -> list[int]:
     if len(ids) != 3:
         raise argparse.ArgumentTypeError(f"need three layer ids, got {text!r}")
     return ids
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _hosts(text: str) -> list[str]:
@@ -141,6 +151,20 @@ def _limit_arguments(g) -> None:
         type=int,
         default=DEFAULT_MAX_SESSIONS,
         help=f"new client sessions past this many get 429 (default {DEFAULT_MAX_SESSIONS})",
+    )
+    g.add_argument(
+        "--max-queued-per-session",
+        type=positive_int,
+        default=DEFAULT_MAX_QUEUED_PER_SESSION,
+        help="/generate requests one session may have waiting for the model; more get 429 with "
+        f"Retry-After (default {DEFAULT_MAX_QUEUED_PER_SESSION}). Sessions take turns either way",
+    )
+    g.add_argument(
+        "--max-priority",
+        choices=PRIORITIES,
+        default=DEFAULT_PRIORITY,
+        help="the highest X-Eagle3-Priority class a request may ask for: low, normal or high, weights "
+        "1:2:4 of the model's tokens while sessions wait (default normal; higher asks get 403)",
     )
     g.add_argument(
         "--session-ttl",

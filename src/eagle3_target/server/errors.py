@@ -47,3 +47,11 @@ class Forbidden(ServiceError):
 
 class TooManySessions(ServiceError):
     """A new session past --max-sessions; live sessions keep working, a new one should retry later."""
+
+
+class QueueFull(ServiceError):
+    """A session past --max-queued-per-session: backpressure, retry after ``retry_after`` seconds."""
+
+    def __init__(self, error: str, detail: str, retry_after: int):
+        super().__init__(error, detail)
+        self.retry_after = retry_after

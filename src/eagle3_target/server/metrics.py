@@ -9,12 +9,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from eagle3_target.protocol.version import __version__
 
+from .options import PRIORITIES
 from .runners import RunnerInfo
 
 # Seconds: sub-millisecond health checks up to minute-long 32k-token forwards.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-GENERATE_PHASES = ("decode", "forward", "projection", "encode", "send")
+# "copy": to host memory, after the turn at the model (see host_copy.py); on a CPU target it is ~0.
+GENERATE_PHASES = ("decode", "forward", "projection", "copy", "encode", "send")
 SEND_PATHS = ("wire", "p2p")  # the HTTP body, or the session's p2p group (gloo or NCCL)
 
 
@@ -50,6 +52,7 @@ class ServerMetrics:
             ["path"],
             registry=r,
         )
+        self._queue_metrics(r)
         self.in_flight = Gauge("eagle3_target_requests_in_flight", "Requests being handled now", registry=r)
         self.sessions = Gauge(
             "eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r
@@ -77,6 +80,25 @@ class ServerMetrics:
             self.sent_bytes.labels(path)  # export both series at 0 so rate() works from the start
         for phase in GENERATE_PHASES:
             self.generate_phase_seconds.labels(phase)
+
+    def _queue_metrics(self, r: CollectorRegistry) -> None:
+        """The fair scheduler's queue (scheduler.py), by priority class, every class exported from the start."""
+        self.queued = Gauge(
+            "eagle3_target_generate_queued",
+            "/generate requests waiting for their turn at the model, by priority class",
+            ["priority"],
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "eagle3_target_generate_queue_wait_seconds",
+            "Time a /generate waited for its turn at the model, by priority class",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        for priority in PRIORITIES:
+            self.queued.labels(priority)
+            self.queue_wait_seconds.labels(priority)
 
     def loaded(self, info: RunnerInfo, seconds: float) -> None:
         """The model is loaded and warmed: its identity as labels (lists comma-joined), ready = 1."""

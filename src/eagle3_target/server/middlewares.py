@@ -27,6 +27,7 @@ STATUS: dict[type[errors.ServiceError], int] = {
     errors.TooLarge: 413,
     errors.OutOfRange: 422,
     errors.TooManySessions: 429,
+    errors.QueueFull: 429,
     errors.NotReady: 503,
 }
 SESSION_RETRY_AFTER = 30  # seconds a client past --max-sessions is asked to wait
@@ -95,7 +96,8 @@ async def json_errors(request: web.Request, handler):
         return await handler(request)
     except errors.ServiceError as exc:
         status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)  # a subclass maps as its base
-        retry = {"Retry-After": str(SESSION_RETRY_AFTER)} if status == 429 else None
+        wait = getattr(exc, "retry_after", SESSION_RETRY_AFTER)  # QueueFull says its own
+        retry = {"Retry-After": str(wait)} if status == 429 else None
         return error_response(status, exc.error, exc.detail, retry)
     except web.HTTPException as exc:
         if exc.status < 400:

@@ -19,6 +19,12 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 # seconds (attention is quadratic in S); a GPU target with memory to spare raises it.
 DEFAULT_MAX_BATCH_TOKENS = 8192
 DEFAULT_MAX_SESSIONS = 1024
+# /generate requests one session may have waiting for the model; more get 429 + Retry-After.
+DEFAULT_MAX_QUEUED_PER_SESSION = 32
+# Priority classes a /generate may name (X-Eagle3-Priority) and their weights: "high" gets twice the
+# model's tokens of "normal" while both wait, "low" half. A server bounds what it grants (--max-priority).
+PRIORITIES = {"low": 1, "normal": 2, "high": 4}
+DEFAULT_PRIORITY = "normal"
 # SIGTERM to exit: fits Kubernetes' default 30 s grace with room for the endpoint update.
 DEFAULT_DRAIN_TIMEOUT = 20.0
 
@@ -33,6 +39,11 @@ class ServerOptions:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     session_ttl: float = 3600.0  # 0: sessions never expire
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_queued_per_session: int = DEFAULT_MAX_QUEUED_PER_SESSION
+    max_priority: str = DEFAULT_PRIORITY  # the highest X-Eagle3-Priority class granted
+    # The copy of a reply to host memory runs on a side CUDA stream after the turn at the model ends;
+    # False waits for it inside the turn, as before (bench/gpu_check.py's baseline).
+    overlap_host_copy: bool = True
     exit_on_disconnect: bool = False
     auth_token: str | None = None
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
@@ -57,6 +68,8 @@ class ServerOptions:
             max_batch_tokens=args.max_batch_tokens,
             session_ttl=args.session_ttl,
             max_sessions=args.max_sessions,
+            max_queued_per_session=args.max_queued_per_session,
+            max_priority=args.max_priority,
             exit_on_disconnect=args.exit_on_disconnect,
             auth_token=read_token(args.auth_token_file),
             keepalive_timeout=args.keepalive_timeout,

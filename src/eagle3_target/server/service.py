@@ -3,7 +3,8 @@
 It loads and warms the runner, keeps the client sessions and their vocab mappings, and turns a
 /generate body into supervision in the asked encoding. Requests name their session by id; failures
 are ServiceErrors (errors.py) that the HTTP layer maps to status codes. Model work runs on one
-model thread, one /generate at a time.
+model thread, one /generate at a time, in fair turns by session (scheduler.py); a reply's copy to
+host memory runs after its turn, beside the next forward (host_copy.py).
 """
 
 from __future__ import annotations
@@ -19,18 +20,21 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle3_target.protocol import binding, contract, encodings
-from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
+from eagle3_target.protocol.contract import PACKING_KEYS
+from eagle3_target.protocol.features import CAN_PACKING, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
 from . import features
 from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
+from .host_copy import HostCopier, PendingCopy
 from .metrics import ServerMetrics
-from .options import ServerOptions
+from .options import DEFAULT_PRIORITY, ServerOptions
 from .p2p.group import Transfer
 from .p2p.groups import P2PGroups
-from .request import parse_generate, parse_vocab_mapping
+from .request import packing_offered, parse_generate, parse_vocab_mapping
 from .runners import HiddenStateRunner, TargetRunner
+from .scheduler import FairScheduler, priority_class
 from .sessions import PEER_PREFIX, Session, SessionTable
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ class GenerateRequest:
     p2p: bool = False  # the client asks for the tensors over its session's p2p group
     sequence: str | None = None  # our client's p2p transfer number; NeMo's sends none
     features: str | None = None  # X-Eagle3-Features (protocol/features.py); NeMo's clients send none
+    priority: str | None = None  # the X-Eagle3-Priority class asked for; None: normal
 
 
 @dataclass
@@ -77,6 +82,8 @@ class _Job:
     inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, loss_mask
     vocab: VocabMapping | None  # the session's, taken once; None for features that need none
     encoding: str
+    session: str = ""  # whose turn it is at the model (scheduler.py)
+    priority: str = DEFAULT_PRIORITY
     timings: dict[str, float] = field(default_factory=dict)
     features: Features | None = None  # a feature request instead of an encoding
 
@@ -96,7 +103,10 @@ class TargetService:
         self.p2p = P2PGroups(options.p2p, require_auth=options.p2p_requires_auth, registry=metrics.registry)
         self.sessions.on_end(self.p2p.end_session)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
-        self._compute_lock = asyncio.Lock()
+        self.turns = FairScheduler(
+            options.max_queued_per_session, queued=metrics.queued, wait_seconds=metrics.queue_wait_seconds
+        )
+        self.copier = HostCopier()
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -261,14 +271,16 @@ class TargetService:
         """
         runner = self.ready_runner()
         session = self.sessions.touch(request.session_id)
+        priority = priority_class(request.priority, self.options.max_priority)
         start = time.perf_counter()
         inputs = await asyncio.to_thread(
             parse_generate, request.body, runner.info.vocab_size, self.options.max_batch_tokens
         )
         asked = features.requested(runner.info, request.features, request.encoding, request.p2p)
         encoding = _offered(runner, request.encoding)
+        packing_offered(inputs, CAN_PACKING in runner.info.features, runner.info.engine)
         vocab = _vocab(session) if asked is None or asked.logits == LOGITS_DRAFT_PROBS else None
-        job = _Job(runner, inputs, vocab, encoding, features=asked)
+        job = _Job(runner, inputs, vocab, encoding, session.id, priority, features=asked)
         job.timings["decode"] = time.perf_counter() - start
         async with self.p2p.transfer(session, request.p2p, request.sequence) as transfer:
             if transfer is not None:
@@ -277,10 +289,15 @@ class TargetService:
         yield await self._run(job, None)
 
     async def _run(self, job: _Job, transfer: Transfer | None) -> Answer:
-        async with self._compute_lock:
-            work = _supervise if job.features is None else _capture
-            supervision = await self._on_model_thread(work, job, transfer is None)
         tokens = job.inputs["input_ids"].numel()
+        copier = self.copier if transfer is None else None  # the p2p path sends from the device
+        work = _supervise if job.features is None else _capture
+        async with self.turns.turn(job.session, tokens, job.priority):
+            supervision = await self._on_model_thread(work, job, copier)
+            if isinstance(supervision, PendingCopy) and not self.options.overlap_host_copy:
+                supervision = await _arrived(supervision, job.timings)
+        if isinstance(supervision, PendingCopy):  # the next request's forward runs meanwhile
+            supervision = await _arrived(supervision, job.timings)
         return Answer(supervision, job.encoding, tokens, job.timings, transfer, job.features)
 
     def delivered(self, answer: Answer, path: str, nbytes: int) -> None:
@@ -325,18 +342,20 @@ def _warm_up(runner: TargetRunner) -> None:
     build_supervision(logits, aux, ids, ids, VocabMapping.identity(logits.shape[-1], device))
 
 
-def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
-    """On the model thread: forward, projection into the encoding, and (for the wire) the move to host memory."""
+def _supervise(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] | PendingCopy:
+    """On the model thread: forward, projection into the encoding, and (for the wire) the start of
+    the copy to host memory, which the caller waits for after the turn (host_copy.py)."""
     runner, inputs = job.runner, job.inputs
     device = runner.info.device
     start = time.perf_counter()
     input_ids = inputs["input_ids"].to(device)
     attention_mask = inputs["attention_mask"].to(device)
+    packed = {k: inputs[k].to(device) for k in PACKING_KEYS if k in inputs}  # offered: packing_offered
     hidden = None
     if job.encoding == encodings.HIDDEN and isinstance(runner, HiddenStateRunner):
-        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask)
+        logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask, **packed)
     else:
-        logits, aux = runner.forward(input_ids, attention_mask)
+        logits, aux = runner.forward(input_ids, attention_mask, **packed)
     if logits.is_cuda:  # CUDA runs ahead of the host: wait, or the forward's time lands in the projection's
         torch.cuda.synchronize(logits.device)
     job.timings["forward"] = time.perf_counter() - start
@@ -344,35 +363,26 @@ def _supervise(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
     loss_mask = inputs["loss_mask"].to(device)
     supervision = encodings.encode(job.encoding, logits, aux, input_ids, loss_mask, job.vocab, hidden)
     del logits, hidden
+    if input_ids.is_cuda:  # as for the forward: the projection's GPU time is its own, not the copy's
+        torch.cuda.synchronize(input_ids.device)
     # The p2p path sends straight from the runner's device.
-    supervision = _to_host(supervision) if to_host else {k: v.contiguous() for k, v in supervision.items()}
+    result = copier.start(supervision) if copier else {k: v.contiguous() for k, v in supervision.items()}
     job.timings["projection"] = time.perf_counter() - start
-    return supervision
+    return result
 
 
-def _capture(job: _Job, to_host: bool) -> dict[str, torch.Tensor]:
-    """On the model thread: the feature request's capture and reply, moved to host memory for the wire."""
+def _capture(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] | PendingCopy:
+    """On the model thread: the feature request's capture and reply; for the wire, its copy to host memory."""
     out = features.capture(job.runner, job.inputs, job.features, job.vocab, job.timings)
     start = time.perf_counter()
-    out = _to_host(out) if to_host else out
+    result = copier.start(out) if copier else out
     job.timings["projection"] += time.perf_counter() - start
-    return out
+    return result
 
 
-def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Move the supervision to host memory for the wire; from CUDA into page-locked memory.
-
-    A copy into pageable memory is staged through a driver buffer at a fraction of the link's
-    speed. Pinned buffers come from torch's caching host allocator, so a steady batch shape
-    allocates none after the first; one synchronize covers all the copies.
-    """
-    devices = {t.device for t in tensors.values() if t.is_cuda}
-    if not devices:
-        return {k: v.cpu() for k, v in tensors.items()}
-    host = {
-        k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
-        for k, v in tensors.items()
-    }
-    for device in devices:
-        torch.cuda.synchronize(device)
+async def _arrived(pending: PendingCopy, timings: dict[str, float]) -> dict[str, torch.Tensor]:
+    """The reply in host memory, once its copy is done: waited for off the event loop."""
+    start = time.perf_counter()
+    host = pending.wait() if pending.done else await asyncio.to_thread(pending.wait)
+    timings["copy"] = time.perf_counter() - start
     return host

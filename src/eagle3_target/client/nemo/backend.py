@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -11,10 +12,13 @@ import torch
 from ..backend import BatchHandle, RemoteTargetBackend, TargetBatch
 from ..options import PoolOptions
 from ._imports import nemo_module
+from .ranks import fetched_once
 
 Eagle3TargetBackend = nemo_module("components.speculative.eagle.backend").Eagle3TargetBackend
 Eagle3TargetBatch = nemo_module("components.speculative.eagle.target").Eagle3TargetBatch
 
+# What NeMo's packed dataloader adds to a batch and its co-located target takes
+PACKING_BATCH_KEYS = ("position_ids", "seq_lens", "doc_remaining")
 POOL_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(PoolOptions))
 BACKEND_OPTION_NAMES = frozenset(inspect.signature(RemoteTargetBackend).parameters) - {
     "endpoints",
@@ -64,10 +68,19 @@ class NeMoTargetBackend(Eagle3TargetBackend):
     """
 
     def __init__(
-        self, endpoints: str | list[str] | None = None, auth_token: str | None = None, **options: Any
+        self,
+        endpoints: str | list[str] | None = None,
+        auth_token: str | None = None,
+        *,
+        ranks_share_weights: bool = False,
+        **options: Any,
     ):
         pool, backend_options = split_options(options)
         self.remote = RemoteTargetBackend(endpoints, auth_token=auth_token, options=pool, **backend_options)
+        self._noted: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
+        # every rank of a torchrun job calls get_input_embeddings in NeMo's setup: rank 0 fetches for all
+        self._ranks_share_weights = ranks_share_weights
+        self._embeddings: torch.nn.Embedding | None = None
 
     @property
     def num_remote_servers(self) -> int:
@@ -88,18 +101,52 @@ class NeMoTargetBackend(Eagle3TargetBackend):
         self.remote.set_vocab_mapping(selected_token_ids, selected_token_mask)
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
-        return self.remote.get_input_embeddings()
+        if not self._ranks_share_weights:
+            return self.remote.get_input_embeddings()
+        if self._embeddings is None:
+            device = self.remote.device or torch.device("cpu")
+            weight = fetched_once(lambda: self.remote.get_input_embeddings().weight, device)
+            self._embeddings = torch.nn.Embedding.from_pretrained(weight.to(device), freeze=True)
+        return self._embeddings
 
     @torch.no_grad()
     def generate_batch(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
     ) -> Eagle3TargetBatch:
-        return to_nemo_batch(self.remote.generate_batch(input_ids, attention_mask, loss_mask))
+        """NeMo's call; packed rows add position_ids, seq_lens and doc_remaining, as NeMo's co-located
+        target takes them."""
+        packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
+        return self.generate_batch_async(input_ids, attention_mask, loss_mask, **packing).result()
 
     def generate_batch_async(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
     ) -> NeMoBatchHandle:
-        return NeMoBatchHandle(self.remote.generate_batch_async(input_ids, attention_mask, loss_mask))
+        packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
+        if seq_lens is None and self._noted is not None and self._noted[0] is input_ids:
+            packing = self._noted[1]
+        return NeMoBatchHandle(
+            self.remote.generate_batch_async(input_ids, attention_mask, loss_mask, **packing)
+        )
+
+    def noting_packing(self, batches: Iterable[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+        """NeMo's dataloader batches, each packed one's metadata noted under its input_ids: NeMo's prefetch
+        loop hands generate_batch_async only input_ids, attention_mask and loss_mask, right after each batch."""
+        for batch in batches:
+            if "seq_lens" in batch:
+                self._noted = (batch["input_ids"], {k: batch[k] for k in PACKING_BATCH_KEYS})
+            yield batch
 
     def close(self) -> None:
         self.remote.close()

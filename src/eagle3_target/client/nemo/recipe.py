@@ -1,55 +1,24 @@
-"""NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section.
+"""NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section
+(remote.py describes it).
 
-remote_target:
-  endpoints: srv://_http._tcp.llama-targets.default.svc.cluster.local  # default: $EAGLE3_TARGET_SERVICE
-  auth_token_file: /var/run/eagle3-target/token  # default: $EAGLE3_TARGET_AUTH_TOKEN_FILE
-  wait_timeout: 60  # seconds to let the discovered servers join before NeMo sizes its prefetch
-  max_in_flight: 1  # ... and any other client option (PoolOptions fields, nameserver, device)
-  seed: 42  # optional: seed torch before setup (NeMo's recipe, and ours without it, keep the caller's seed)
+With ``recipe_args.parallel_drafting: true`` (P-EAGLE) the fleet sends what NeMo's co-located target
+computes (peagle.py); ``remote_target.compact: true`` has it send the post-norm hidden state instead of
+full-vocabulary logits, and the trainer applies the target's lm_head.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
-from ..endpoints import EndpointError, default_spec, parse_specs, read_auth_token
 from ._imports import nemo_module
-from .backend import NeMoTargetBackend, split_options
+from .backend import NeMoTargetBackend
+from .remote import RemoteTargetSection
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 
-DEFAULT_WAIT_TIMEOUT = 60.0
 
-
-def backend_settings(section: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """NeMoTargetBackend's keyword arguments and the join wait, from the ``remote_target`` section."""
-    options = dict(section)
-    endpoints = options.pop("endpoints", None) or default_spec()
-    parse_specs(endpoints if isinstance(endpoints, str) else ",".join(endpoints))  # fail before NeMo loads
-    token_file = options.pop("auth_token_file", None)
-    wait_timeout = float(options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
-    try:
-        token = read_auth_token(token_file)
-    except EndpointError as exc:
-        raise EndpointError(f"remote_target.auth_token_file={exc}" if token_file else str(exc)) from None
-    split_options(options)  # a misspelt option fails here too
-    return dict(endpoints=endpoints, auth_token=token, **options), wait_timeout
-
-
-def seed_setting(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"remote_target.seed={value!r}: an integer, or leave it out to keep the caller's seed"
-        )
-    return value
-
-
-class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
+class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
     """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+
+    recipe_keys = ("compact",)
 
     def __init__(self, cfg):
         backend = cfg.get("recipe_args.target_model_backend", "remote")
@@ -64,24 +33,70 @@ class TrainEagle3Recipe(_nemo_recipe.TrainEagle3Recipe):
                     f"recipe_args.{nemo_key} configures NeMo's own client; "
                     "name the fleet with remote_target.endpoints instead"
                 )
-        cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
-        section = cfg.get("remote_target", None)
-        settings = section.to_dict() if section is not None else {}
-        self.seed = seed_setting(settings.pop("seed", None))
-        self.remote_target = backend_settings(settings)
+        self.parallel_drafting = bool(cfg.get("recipe_args.parallel_drafting", False))
+        for axis in ("cp_size", "tp_size"):
+            if self.parallel_drafting and int(cfg.get(f"distributed.{axis}", 1) or 1) > 1:
+                raise ValueError(f"distributed.{axis}>1 shards a co-located target; the fleet runs it whole")
+        # P-EAGLE: NeMo's gate admits only a co-located target, whose loader is the hook taken over below.
+        cfg.set_by_dotted(
+            "recipe_args.target_model_backend", "colocated" if self.parallel_drafting else "remote"
+        )
         super().__init__(cfg)
+        self.compact = self.recipe_settings.get("compact", False)
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
+        if self.compact and not self.parallel_drafting:
+            raise ValueError(
+                "remote_target.compact applies to P-EAGLE (parallel_drafting: true); "
+                "EAGLE-3 takes draft-vocabulary supervision (remote_target.encoding)"
+            )
 
-    def setup(self):
-        # NeMo builds the draft's initial weights from torch's global RNG, which its recipe leaves to the
-        # caller; only an explicit remote_target.seed seeds it here.
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
-        super().setup()
+    def _setup_online_target(self, recipe_cfg, target_path, draft_base_config):
+        packed = int(recipe_cfg.get("packed_sequence_size", 0) or 0)
+        if packed <= 0:
+            return super()._setup_online_target(recipe_cfg, target_path, draft_base_config)
+        # NeMo lets only its co-located target, named by the backend, take packed rows ("the remote backend
+        # does not propagate per-document masking"). The fleet computes them as that target does, so the
+        # setup runs under its name and _setup_colocated_target connects the fleet; the gates NeMo keeps
+        # for a remote target (no context or tensor parallelism) are checked here first.
+        cp_size = int(self.cfg.get("distributed.cp_size", 1) or 1)
+        _nemo_recipe._validate_cp_gates(cp_size, "remote", packed, cp_mode=recipe_cfg.get("cp_mode", "ring"))
+        _nemo_recipe._validate_tp_gates(int(self.cfg.get("distributed.tp_size", 1) or 1), "remote", cp_size)
+        self.cfg.set_by_dotted("recipe_args.target_model_backend", "colocated")
+        try:
+            return super()._setup_online_target(recipe_cfg, target_path, draft_base_config)
+        finally:
+            self.cfg.set_by_dotted("recipe_args.target_model_backend", "remote")
+
+    def _prefetched_batches(self, dataloader):
+        # NeMo's prefetch loop passes the target input_ids, attention_mask and loss_mask only
+        if isinstance(self.target_wrapper, NeMoTargetBackend):
+            dataloader = self.target_wrapper.noting_packing(dataloader)
+        return super()._prefetched_batches(dataloader)
 
     def _setup_remote_target(self, recipe_cfg):
         kwargs, wait_timeout = self.remote_target
+        packing = int(recipe_cfg.get("packed_sequence_size", 0) or 0) > 0
         self.target_model = None
-        self.target_wrapper = NeMoTargetBackend(device=self.device, **kwargs)
+        self.target_wrapper = NeMoTargetBackend(
+            device=self.device, ranks_share_weights=True, **{**kwargs, "packing": packing}
+        )
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
         self.target_wrapper.wait_for_servers(wait_timeout)
+
+    def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
+        if not self.parallel_drafting:
+            # packed rows (_setup_online_target): the fleet stands in for NeMo's co-located target
+            return self._setup_remote_target(recipe_cfg)
+        # P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
+        from .peagle import open_peagle_target
+
+        self.target_model = None
+        self.target_wrapper = open_peagle_target(
+            self.remote_target,
+            self.device,
+            recipe_cfg.get("aux_layer_ids", None),
+            draft_base_config.num_hidden_layers,
+            self.compact,
+        )

@@ -1,4 +1,5 @@
-"""`eagle3-target precompute`: NeMo AutoModel's offline EAGLE-3 cache, written by the target fleet.
+"""`eagle3-target precompute`: NeMo AutoModel's offline EAGLE-3 cache (``--family dspark``: DSpark's, dspark.py),
+written by the target fleet.
 
 The cache is the one NeMo's ``precompute_eagle3`` writes (manifest.json, shard-NNNNNN.safetensors,
 target_embeddings.safetensors) and its recipe reads with ``recipe_args.cached_target_path``; the

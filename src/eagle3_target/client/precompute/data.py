@@ -18,8 +18,8 @@ SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"
 @dataclass
 class Dataset:
     loader: DataLoader  # NeMo's, unshuffled: sample i lives in shard i // shard_size
-    selected_token_ids: torch.Tensor
-    selected_token_mask: torch.Tensor
+    selected_token_ids: torch.Tensor | None = None  # EAGLE-3's draft vocabulary
+    selected_token_mask: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -37,7 +37,20 @@ def load(args: argparse.Namespace, target_vocab_size: int) -> Dataset:
     tokenizer = tokenizer_module.NeMoAutoTokenizer.from_pretrained(
         args.target_model, trust_remote_code=args.trust_remote_code
     )
-    loader = eagle3.build_eagle3_dataloader(
+    loader = nemo_loader(args, tokenizer)
+    ids, mask = eagle3.build_eagle3_token_mapping(
+        loader,
+        target_vocab_size=target_vocab_size,
+        draft_vocab_size=args.draft_vocab_size,
+        special_token_ids=[getattr(tokenizer, name, None) for name in SPECIAL_TOKENS],
+    )
+    return Dataset(loader, ids, mask)
+
+
+def nemo_loader(args: argparse.Namespace, tokenizer) -> DataLoader:
+    """NeMo's chat dataloader as its precompute scripts build it: unshuffled, in NeMo's order."""
+    _, eagle3 = nemo_modules()
+    return eagle3.build_eagle3_dataloader(
         data_path=args.input_data,
         tokenizer=tokenizer,
         seq_length=args.seq_length,
@@ -50,13 +63,6 @@ def load(args: argparse.Namespace, target_vocab_size: int) -> Dataset:
         mask_reasoning_content=args.mask_reasoning_content,
         mask_generation_prompt=args.mask_generation_prompt,
     )
-    ids, mask = eagle3.build_eagle3_token_mapping(
-        loader,
-        target_vocab_size=target_vocab_size,
-        draft_vocab_size=args.draft_vocab_size,
-        special_token_ids=[getattr(tokenizer, name, None) for name in SPECIAL_TOKENS],
-    )
-    return Dataset(loader, ids, mask)
 
 
 def owned_shards(num_samples: int, shard_size: int, worker_index: int, worker_count: int) -> list[int]:

@@ -33,8 +33,28 @@ def env_int(name: str, default: int) -> int:
     return int(text) if text else default
 
 
+FAMILIES = ("eagle3", "dspark")
+# Each family's own flags and their defaults: given with the other family, they are refused in one line.
+EAGLE3_ONLY = {"draft_vocab_size": None, "target_probs_topk": 0, "aux_layer_ids": None, "encoding": AUTO}
+EAGLE3_ONLY |= {"allow_approximate": False}
+DSPARK_ONLY = {"draft_num_hidden_layers": 5, "target_layer_ids": None, "chat_template": None}
+DSPARK_ONLY |= {"target_attn_implementation": None, "target_force_hf": False}
+
+
+def add_family_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--family",
+        default="eagle3",
+        choices=FAMILIES,
+        help="which of NeMo's offline caches to write: eagle3 (precompute_eagle3's, the default) or dspark "
+        "(precompute_dspark's)",
+    )
+
+
 def add_nemo_arguments(p: argparse.ArgumentParser) -> None:
-    """NeMo 0.7.0's precompute_eagle3 flags (all but --device and --log-level: the fleet runs the target)."""
+    """NeMo 0.7.0's precompute_eagle3 and precompute_dspark flags (all but --device and --log-level: the
+    fleet runs the target)."""
+    add_family_argument(p)
     p.add_argument(
         "--target-model", required=True, help="target model path or HF repo id (tokenizer, config)"
     )
@@ -90,6 +110,39 @@ def add_nemo_arguments(p: argparse.ArgumentParser) -> None:
         "--trust-remote-code", action="store_true", help="let the tokenizer run code from the model's repo"
     )
     p.add_argument("--resume", action="store_true", help="keep the shards already written, compute the rest")
+    add_dspark_arguments(p)
+
+
+def add_dspark_arguments(p: argparse.ArgumentParser) -> None:
+    """precompute_dspark's own flags (--family dspark)."""
+    p.add_argument(
+        "--draft-num-hidden-layers",
+        type=int,
+        default=5,
+        help="dspark: draft layer count that spreads the default --target-layer-ids (default 5)",
+    )
+    p.add_argument(
+        "--target-layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="dspark: target layers to capture (-1 the embedding output, the last the post-norm hidden state)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="dspark: inline Jinja template or path to a template/tokenizer config",
+    )
+    p.add_argument(
+        "--target-attn-implementation",
+        default=None,
+        help="dspark: accepted for NeMo's command lines; the fleet's servers load the target (serve's options)",
+    )
+    p.add_argument(
+        "--target-force-hf",
+        action="store_true",
+        help="dspark: accepted for NeMo's command lines; the fleet's servers load the target",
+    )
 
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
@@ -194,6 +247,14 @@ def check(args: argparse.Namespace) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    other = DSPARK_ONLY if args.family == "eagle3" else EAGLE3_ONLY
+    for name, default in other.items():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            owner = "dspark" if args.family == "eagle3" else "eagle3"
+            raise UsageError(f"{flag} is a --family {owner} flag; this run writes the {args.family} cache")
+    if args.family == "dspark" and args.draft_num_hidden_layers < 1:
+        raise UsageError(f"--draft-num-hidden-layers must be >= 1, got {args.draft_num_hidden_layers}")
     data = os.path.expanduser(args.input_data)
     if LOCAL_DATA.search(args.input_data) and not os.path.exists(data):
         raise UsageError(f"--input-data {args.input_data}: no such file or directory")

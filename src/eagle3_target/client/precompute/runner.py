@@ -44,17 +44,18 @@ def check_model(info: dict[str, Any], config, args: argparse.Namespace) -> list[
     }
     if not args.skip_config_digest and "config_digest" in info:
         expected["config_digest"] = config_digest(config.to_diff_dict())
-    if args.aux_layer_ids is not None:
+    if getattr(args, "aux_layer_ids", None) is not None:
         expected["aux_layer_ids"] = list(args.aux_layer_ids)
     wrong = {k: (v, info.get(k)) for k, v in expected.items() if info.get(k) != v}
     if wrong:
         told = ", ".join(f"{k}: {want} here, {got} on the fleet" for k, (want, got) in wrong.items())
         raise UsageError(f"the fleet does not serve --target-model {args.target_model} ({told})")
-    return list(info["aux_layer_ids"])
+    return list(info.get("aux_layer_ids") or [])
 
 
-def connect(args: argparse.Namespace, token: str | None) -> RemoteTargetBackend:
-    """The fleet, every server found given ``--start-timeout`` to join (prefetch depth counts them)."""
+def connect(args: argparse.Namespace, token: str | None, features=None) -> RemoteTargetBackend:
+    """The fleet, every server found given ``--start-timeout`` to join (prefetch depth counts them);
+    ``features``: what to capture instead of EAGLE-3's supervision."""
     options = PoolOptions(
         request_timeout=args.request_timeout,
         deadline=args.deadline,
@@ -64,7 +65,7 @@ def connect(args: argparse.Namespace, token: str | None) -> RemoteTargetBackend:
         encoding=args.encoding,
     )
     backend = RemoteTargetBackend(
-        args.endpoints, auth_token=token, nameserver=args.nameserver, options=options
+        args.endpoints, auth_token=token, nameserver=args.nameserver, options=options, features=features
     )
     backend.wait_for_servers(args.start_timeout)
     return backend
@@ -139,6 +140,11 @@ def shard_len(shard: int, dataset: data.Dataset, args) -> int:
 def precompute(args: argparse.Namespace, token: str | None) -> Progress:
     """The run after the argument checks; returns its closed Progress. UsageError for bad input."""
     from transformers import AutoConfig
+
+    if args.family == "dspark":
+        from .dspark import precompute_dspark
+
+        return precompute_dspark(args, token)
 
     store = CacheStore(args.output_dir)
     present = check_output(store, args)

@@ -1,4 +1,4 @@
-"""EAGLE-1/2 (TrainEagle1Recipe, HFEagleTargetModel): the post-norm hidden state (the trainer also shifts
+"""EAGLE-1/2 (TrainEagle1Recipe and TrainEagle2Recipe, the same training; HFEagleTargetModel): the post-norm hidden state (the trainer also shifts
 it left) and full-vocabulary logits shifted left. The trainer applies the target's lm_head every step."""
 
 from ..features import LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
@@ -6,7 +6,7 @@ from . import Family
 
 FAMILY = Family(
     name="eagle1",
-    recipes=("TrainEagle1Recipe",),
+    recipes=("TrainEagle1Recipe", "TrainEagle2Recipe"),
     ask=lambda _layers, _n: Features(final_hidden=True, logits=LOGITS_FULL, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
     compact=lambda _layers, _n: Features(final_hidden=True),

@@ -11,4 +11,5 @@ FAMILY = Family(
     recipes=("TrainEagle3Recipe",),
     ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_DRAFT_PROBS, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS,),
+    adapter="recipe",
 )

@@ -10,4 +10,5 @@ FAMILY = Family(
     ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_FULL, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS,),
     compact=lambda layers, _n: Features(layers=tuple(layers), final_hidden=True),
+    adapter="recipe",  # TrainEagle3Recipe switches to this family when the YAML asks for parallel drafting
 )

@@ -143,9 +143,12 @@ class TargetRunner(Protocol):
     info: RunnerInfo
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **packed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device."""
+        """Unshifted full-vocab logits [B, S, V] and aux hidden states [B, S, 3H], on the runner's device.
+
+        ``packed``: position_ids and seq_lens of NeMo's packed rows, given only where ``info.features``
+        offers packing (the service refuses them elsewhere)."""
         ...
 
     def input_embeddings(self) -> torch.Tensor:
@@ -187,7 +190,8 @@ class FinalHiddenRunner:
     """A runner that also captures the final normed hidden state: ``forward`` drops it."""
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **packed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, aux, _ = self.forward_hidden(input_ids, attention_mask)
+        # packed (position_ids, seq_lens) only comes to a runner whose features offer packing
+        logits, aux, _ = self.forward_hidden(input_ids, attention_mask, **packed)
         return logits, aux

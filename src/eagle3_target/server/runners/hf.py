@@ -15,6 +15,7 @@ from eagle3_target.protocol.features import (
     CAN_FINAL_HIDDEN,
     CAN_LAYERS,
     CAN_LOGITS,
+    CAN_PACKING,
     WEIGHT_FINAL_NORM,
     WEIGHT_LM_HEAD,
     WEIGHT_NAMES,
@@ -28,9 +29,9 @@ from .base import (
     FinalHiddenRunner,
     ForwardInputs,
     RunnerInfo,
-    refuse_packing,
     resolve_dtype,
 )
+from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ class HFRunner(FinalHiddenRunner):
             dtype=param.dtype,
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
-            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS),
+            features=(CAN_LAYERS, CAN_EMBEDDING, CAN_FINAL_HIDDEN, CAN_LOGITS, CAN_DRAFT_PROBS)
+            # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only)
+            + (() if "flash" in (getattr(config, "_attn_implementation", None) or "") else (CAN_PACKING,)),
             weights=tuple(n for n in WEIGHT_NAMES if n != WEIGHT_FINAL_NORM or final_norm(model) is not None),
         )
         self._layers = layers
@@ -147,17 +150,25 @@ class HFRunner(FinalHiddenRunner):
 
     @torch.inference_mode()
     def forward_hidden(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         want = Capture(tuple(self.info.aux_layer_ids), final_hidden=True, logits=True)
-        got = self.capture(ForwardInputs(input_ids, attention_mask), want)
+        got = self.capture(ForwardInputs(input_ids, attention_mask, position_ids, seq_lens), want)
         return got.logits, got.hidden_states, got.final_hidden
 
     @torch.inference_mode()
     def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:
         """One forward with hooks where ``want`` reads (NeMo's target wrappers' own), stopped after the
         last of them: nothing past the last asked layer is computed unless the logits are asked."""
-        refuse_packing(inputs, "hf")
+        mask, packed = inputs.attention_mask, {}
+        if inputs.packed:
+            # As NeMo's co-located targets: the block-causal mask replaces the 2D one, positions per document.
+            mask = block_causal_mask(inputs.seq_lens, inputs.input_ids.shape[1], self.info.dtype, mask.device)
+            packed["position_ids"] = inputs.position_ids
         captured: dict[object, torch.Tensor] = {}
         points = [(i, self._layers[i] if i >= 0 else self.model.get_input_embeddings()) for i in want.layers]
         last = max(want.layers, default=None) if not (want.final_hidden or want.logits) else None
@@ -165,9 +176,7 @@ class HFRunner(FinalHiddenRunner):
         if want.final_hidden:
             hooks.append(self._head.register_forward_pre_hook(_keep_input(captured, stop=not want.logits)))
         try:
-            output = self.model(
-                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, use_cache=False
-            )
+            output = self.model(input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed)
         except _Stop:
             output = None
         finally:

@@ -108,7 +108,11 @@ class Recorder:
         for hook in self.layer_hooks:
             hook.remove()
         layers = decoder_layers(self.model)
-        modules = [(i, layers[i] if i >= 0 else self.model.get_input_embeddings()) for i in layer_ids]
+        # -1: Llama-style models' embed_tokens (vLLM's get_input_embeddings may want input_ids)
+        embed = getattr(getattr(self.model, "model", None), "embed_tokens", None)
+        if embed is None and -1 in layer_ids:
+            embed = self.model.get_input_embeddings()
+        modules = [(i, layers[i] if i >= 0 else embed) for i in layer_ids]
         self.layer_hooks = [module.register_forward_hook(self._layer(i)) for i, module in modules]
         self.layer_ids = list(layer_ids)
 
@@ -213,7 +217,7 @@ def embedding_shard(worker) -> torch.Tensor:
 
 def drop_capture(worker) -> None:
     capture = getattr(worker, CAPTURE, None)
-    for hook in capture.hooks if capture else []:
+    for hook in [*capture.hooks, *capture.layer_hooks] if capture else []:
         hook.remove()
 
 

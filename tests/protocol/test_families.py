@@ -1,0 +1,49 @@
+"""protocol/families/: what each NeMo recipe asks of the target, and the YAML recipe: key in NeMo's forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3_target.protocol.families import DEFAULT_RECIPE, by_recipe, recipe_families, recipe_name
+from eagle3_target.protocol.features import LOGITS_FULL, LOGITS_NONE
+
+DFLASH_FAMILY = ("TrainDFlashRecipe", "TrainJetSpecRecipe", "TrainDominoRecipe", "TrainDFlash2Recipe")
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        (None, DEFAULT_RECIPE),
+        ("TrainDFlashRecipe", "TrainDFlashRecipe"),
+        (" nemo_automodel.recipes.llm.train_jetspec.TrainJetSpecRecipe ", "TrainJetSpecRecipe"),
+        ({"_target_": "nemo_automodel.recipes.llm.train_domino.TrainDominoRecipe"}, "TrainDominoRecipe"),
+    ],
+)
+def test_the_recipe_key_in_each_of_nemos_forms(value, name):
+    assert recipe_name(value) == name
+
+
+@pytest.mark.parametrize("value", ["", 3, ["TrainDFlashRecipe"], {"name": "TrainDFlashRecipe"}])
+def test_a_recipe_key_that_names_no_class_is_refused(value):
+    with pytest.raises(ValueError, match="is not a recipe class name"):
+        recipe_name(value)
+
+
+def test_an_unknown_recipe_names_the_ones_there_are():
+    with pytest.raises(ValueError) as refused:
+        by_recipe("TrainVispecRecipe")
+    assert "TrainVispecRecipe is not a recipe the fleet trains" in str(refused.value)
+    for known in (DEFAULT_RECIPE, *DFLASH_FAMILY):
+        assert known in str(refused.value)
+    assert "parallel_drafting" not in str(refused.value)  # a mode of TrainEagle3Recipe, not a class
+
+
+def test_the_dflash_family_asks_for_unshifted_layers_and_jetspec_for_full_logits_too():
+    assert recipe_families()[DEFAULT_RECIPE].name == "eagle3"
+    for name in DFLASH_FAMILY:
+        found = by_recipe(name)
+        assert found.adapter_module == "dflash"
+        features = found.ask([1, 4, 7], 8)
+        assert features.layers == (1, 4, 7) and not features.shift and not features.final_hidden
+        assert features.logits == (LOGITS_FULL if name == "TrainJetSpecRecipe" else LOGITS_NONE)
+        assert found.weights == ("input_embeddings", "lm_head")

@@ -1,0 +1,176 @@
+"""Fair turns at the model (server/scheduler.py), driven directly: who is served in which order.
+
+Each lane is one session's client: it keeps ``depth`` requests waiting for a turn and logs each turn
+it gets. Nothing sleeps: the event loop's order is deterministic, so the logs are too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from eagle3_target.server.errors import Forbidden, InvalidInput, QueueFull
+from eagle3_target.server.scheduler import FairScheduler, priority_class
+
+
+async def lanes(scheduler: FairScheduler, spec: dict[str, tuple[int, int, str]], turns: int) -> list[str]:
+    """Sessions name -> (requests in flight, tokens each, priority); the first ``turns`` turns, in order."""
+    log: list[str] = []
+    enough = asyncio.Event()
+
+    async def request(name: str, tokens: int, priority: str) -> None:
+        async with scheduler.turn(name, tokens, priority):
+            log.append(name)
+            if len(log) >= turns:
+                enough.set()
+            await asyncio.sleep(0)  # the turn spans an await, as a forward on the model thread does
+
+    async def lane(name: str, depth: int, tokens: int, priority: str) -> None:
+        async def client() -> None:  # one request in flight: the next is sent when the last returns
+            while not enough.is_set():
+                await request(name, tokens, priority)
+
+        await asyncio.gather(*(client() for _ in range(depth)))
+
+    tasks = [asyncio.create_task(lane(name, *s)) for name, s in spec.items()]
+    await enough.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return log[:turns]
+
+
+async def test_a_greedy_session_takes_turns_with_polite_ones():
+    log = await lanes(
+        FairScheduler(), {"greedy": (8, 64, "normal"), "a": (1, 64, "normal"), "b": (1, 64, "normal")}, 300
+    )
+    counts = Counter(log[30:])  # past the start, where greedy's first eight arrive before a and b
+    assert counts["greedy"] == counts["a"] == counts["b"] == 90
+
+
+async def test_first_come_first_served_would_fail_the_same_check():
+    """The check above holds the greedy session to its share: served in arrival order, it takes eight
+    turns for each of the others' one (what issue 32 measured)."""
+    scheduler = FairScheduler()
+    scheduler._finish = _Forgetful()  # every request starts at the current virtual time: arrival order
+    counts = Counter(
+        (
+            await lanes(
+                scheduler, {"greedy": (8, 64, "normal"), "a": (1, 64, "normal"), "b": (1, 64, "normal")}, 300
+            )
+        )[30:]
+    )
+    assert counts["greedy"] >= 7 * counts["a"]
+
+
+class _Forgetful(dict):
+    def get(self, key, default=None):
+        return default
+
+
+async def test_shares_are_by_tokens_not_requests():
+    log = await lanes(FairScheduler(), {"long": (4, 300, "normal"), "short": (4, 100, "normal")}, 400)
+    counts = Counter(log[8:])
+    assert counts["short"] == pytest.approx(3 * counts["long"], abs=3)
+
+
+async def test_priority_classes_weigh_the_shares():
+    spec = {"high": (4, 64, "high"), "normal": (4, 64, "normal"), "low": (4, 64, "low")}
+    counts = Counter((await lanes(FairScheduler(), spec, 712))[12:])
+    assert counts["high"] == pytest.approx(2 * counts["normal"], abs=2)
+    assert counts["normal"] == pytest.approx(2 * counts["low"], abs=2)
+
+
+async def test_a_session_alone_is_served_back_to_back():
+    scheduler = FairScheduler()
+    log = await lanes(scheduler, {"alone": (8, 64, "normal")}, 50)
+    assert log == ["alone"] * 50
+    assert scheduler.waiting == 0 and not scheduler._busy  # the model is free again, nothing left queued
+
+
+async def test_past_its_cap_a_session_gets_queue_full_and_others_still_queue():
+    scheduler = FairScheduler(max_queued_per_session=2)
+    hold = asyncio.Event()
+
+    async def request(name: str) -> None:
+        async with scheduler.turn(name, 10):
+            await hold.wait()
+
+    running = [asyncio.create_task(request("greedy")) for _ in range(3)]  # one computes, two wait
+    await asyncio.sleep(0)
+    assert scheduler.queued("greedy") == 2
+    with pytest.raises(QueueFull) as refused:
+        async with scheduler.turn("greedy", 10):
+            pass
+    assert refused.value.error == "too_many_queued" and refused.value.retry_after >= 1
+    assert "--max-queued-per-session 2" in refused.value.detail
+    running.append(asyncio.create_task(request("polite")))
+    await asyncio.sleep(0)
+    assert scheduler.queued("polite") == 1
+    hold.set()
+    await asyncio.gather(*running)
+    assert scheduler.waiting == 0
+
+
+async def test_a_request_cancelled_while_queued_or_as_it_is_handed_the_turn_frees_it():
+    scheduler = FairScheduler()
+    hold = asyncio.Event()
+    served = []
+
+    async def request(name: str) -> None:
+        async with scheduler.turn(name, 10):
+            served.append(name)
+            await hold.wait()
+
+    async def first() -> None:
+        await request("a")
+        handed.cancel()  # a's turn was just handed to c, which has not run yet: it must pass it on
+
+    tasks = [asyncio.create_task(first())]
+    queued = asyncio.create_task(request("b"))
+    handed = asyncio.create_task(request("c"))
+    tasks.append(asyncio.create_task(request("d")))
+    await asyncio.sleep(0)
+    queued.cancel()  # cancelled while waiting: skipped
+    await asyncio.sleep(0)
+    assert scheduler.waiting == 2
+    hold.set()
+    await asyncio.gather(*tasks)
+    assert queued.cancelled() and handed.cancelled()
+    assert served == ["a", "d"]
+    assert scheduler.waiting == 0 and not scheduler._busy
+
+
+async def test_queue_depth_and_wait_are_counted_by_priority_class():
+    registry = CollectorRegistry()
+    queued = Gauge("q", "", ["priority"], registry=registry)
+    wait = Histogram("w", "", ["priority"], registry=registry)
+    scheduler = FairScheduler(queued=queued, wait_seconds=wait)
+    hold = asyncio.Event()
+
+    async def request(priority: str) -> None:
+        async with scheduler.turn(priority, 10, priority):
+            await hold.wait()
+
+    tasks = [asyncio.create_task(request(p)) for p in ("normal", "high", "high")]
+    await asyncio.sleep(0)
+    assert registry.get_sample_value("q", {"priority": "high"}) == 2
+    assert registry.get_sample_value("q", {"priority": "normal"}) == 0  # its request computes
+    hold.set()
+    await asyncio.gather(*tasks)
+    assert registry.get_sample_value("q", {"priority": "high"}) == 0
+    assert registry.get_sample_value("w_count", {"priority": "high"}) == 2
+    assert registry.get_sample_value("w_count", {"priority": "normal"}) == 1
+
+
+def test_priority_class_is_one_of_three_and_bounded_by_the_server():
+    assert priority_class(None, "normal") == "normal"
+    assert priority_class(" Low ", "normal") == "low"
+    assert priority_class("high", "high") == "high"
+    with pytest.raises(Forbidden, match="grants priority up to 'normal'"):
+        priority_class("high", "normal")
+    with pytest.raises(InvalidInput, match="not one of low, normal, high"):
+        priority_class("urgent", "high")
