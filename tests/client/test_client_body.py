@@ -11,8 +11,12 @@ import pytest
 import torch
 from aiohttp import web
 
-from eagle3_target.client import body
+from eagle3_target.client import body, limits
+from eagle3_target.client.connection import ServerConnection
+from eagle3_target.client.errors import ReplyTooLarge, ServerFault
 from eagle3_target.protocol import wire
+
+LIMIT = 1 << 30
 
 BIG = {
     "probs": torch.rand(5, 1 << 20),
@@ -72,7 +76,7 @@ async def test_bodies_arrive_whole_and_only_large_ones_close_their_connection(te
             for _ in range(2):
                 async with http.post(url) as response:
                     direct = response.content_length >= body.DIRECT_MIN_BYTES
-                    _same(await body.read_tensors(response), tensors)
+                    _same(await body.read_tensors(response, LIMIT), tensors)
     finally:
         await runner.cleanup()
     assert direct == (tensors is BIG)
@@ -83,7 +87,7 @@ async def test_received_tensors_are_writable_and_independent():
     runner, url = await _serve(_replying(BIG, []))
     try:
         async with aiohttp.ClientSession() as http, http.post(url) as response:
-            got = await body.read_tensors(response)
+            got = await body.read_tensors(response, LIMIT)
     finally:
         await runner.cleanup()
     got["probs"][0, 0] = -1.0
@@ -96,7 +100,7 @@ async def test_a_server_hanging_up_mid_body_is_a_payload_error(tensors):
     try:
         async with aiohttp.ClientSession() as http, http.post(url) as response:
             with pytest.raises(aiohttp.ClientPayloadError):
-                await body.read_tensors(response)
+                await body.read_tensors(response, LIMIT)
     finally:
         await runner.cleanup()
 
@@ -106,20 +110,65 @@ async def test_a_stalled_direct_read_times_out():
     try:
         async with aiohttp.ClientSession() as http, http.post(url) as response:
             with pytest.raises(TimeoutError):
-                await body.read_tensors(response, stall_timeout=1.0)
+                await body.read_tensors(response, LIMIT, stall_timeout=1.0)
     finally:
         await runner.cleanup()
 
 
-async def test_a_compressed_body_is_left_to_aiohttp_to_decode():
+async def test_request_timeout_bounds_a_paced_direct_read():
+    """A 20 MiB reply of 60 tensors trickled in 64 KiB pieces, each tensor well inside the stall timeout:
+    the direct (recv_into) path still ends the attempt at request_timeout (before: the whole deadline)."""
+
+    blob = wire.encode({f"t{i}": torch.zeros(85_000) for i in range(60)})
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(blob)
+        await response.prepare(request)
+        for start in range(0, len(blob), 64 << 10):
+            await response.write(blob[start : start + (64 << 10)])
+            await asyncio.sleep(0.1)
+        return response
+
+    runner, url = await _serve(handler)
+    try:
+        async with limits.new_session() as http:
+            conn = ServerConnection(url.rsplit("/", 1)[0], http, "session", timeout=2.0)
+            async with asyncio.timeout(20):  # the trickle alone would take 32 s
+                with pytest.raises(TimeoutError):
+                    await conn.post_tensors("reply", limit=LIMIT)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_compressed_body_is_refused_not_inflated():
+    """The client's session asks for no encoding and decompresses nothing: a gzip body is a server fault
+    (a 1 MB gzip bomb cost 3.3 GB when aiohttp inflated it)."""
+    seen = {}
+
     async def handler(request: web.Request) -> web.Response:
+        seen["accept"] = request.headers.get("Accept-Encoding")
         compressed = gzip.compress(wire.encode(BIG), compresslevel=1)
         return web.Response(body=compressed, headers={"Content-Encoding": "gzip"})
 
     runner, url = await _serve(handler)
     try:
+        async with limits.new_session() as http, http.post(url) as response:
+            with pytest.raises(ServerFault, match="'gzip'-encoded body"):
+                await body.read_tensors(response, LIMIT)
+        assert seen["accept"] is None
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_reading():
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=wire.encode(BIG))
+
+    runner, url = await _serve(handler)
+    try:
         async with aiohttp.ClientSession() as http, http.post(url) as response:
-            assert response.content_length >= body.DIRECT_MIN_BYTES  # the compressed size
-            _same(await body.read_tensors(response), BIG)
+            with pytest.raises(ReplyTooLarge, match="over the limit of 1000 bytes"):
+                await body.read_tensors(response, 1000)
     finally:
         await runner.cleanup()

@@ -175,24 +175,41 @@ def test_read_blob_reads_no_further_than_the_declared_size():
     assert source.pos == len(blob)
 
 
+def _tiny_entries(count: int) -> bytes:
+    return wire.MAGIC_BYTES + b"".join(struct.pack("<I", 3) + b"k%02d" % i + b"\x01" for i in range(count))
+
+
 def test_read_blob_max_entries():
-    blob = wire.MAGIC_BYTES + b"".join(struct.pack("<I", 1) + b"k" + b"\x01" for _ in range(20))
     with pytest.raises(WireError, match="more than 16 entries"):
-        read_streamed(blob, max_entries=16)
+        read_streamed(_tiny_entries(20), max_entries=16)
+    with pytest.raises(WireError, match=f"more than {wire.MAX_ENTRIES} entries"):
+        read_streamed(_tiny_entries(wire.MAX_ENTRIES + 1))
 
 
 def test_max_entries_bounds_the_work_on_a_blob_of_tiny_entries():
-    blob = wire.MAGIC_BYTES + b"".join(
-        struct.pack("<I", 1) + bytes([65 + i % 26]) + b"\x01" for i in range(100)
-    )
-    assert len(decode(bytearray(blob))) == 26
+    blob = _tiny_entries(100)
+    assert len(decode(bytearray(blob), max_entries=100)) == 100
     with pytest.raises(WireError, match="more than 16 entries"):
         decode(bytearray(blob), max_entries=16)
+    with pytest.raises(WireError, match=f"more than {wire.MAX_ENTRIES} entries"):
+        decode(bytearray(blob))  # every reader is bounded, not only those that ask
 
 
-def test_repeated_keys_keep_the_last():
+def test_repeated_keys_are_refused_by_both_readers():
     blob = wire.MAGIC_BYTES + _entry(b"k", 7, [1], 1, b"\x01") + _entry(b"k", 7, [1], 1, b"\x02")
-    assert decode(bytearray(blob))["k"].tolist() == [2]
+    with pytest.raises(WireError, match="'k' appears twice"):
+        decode(bytearray(blob))
+    with pytest.raises(WireError, match="'k' appears twice"):
+        read_streamed(blob)
+
+
+@pytest.mark.parametrize("key_len", [wire.MAX_KEY_BYTES + 1, 0xFFFFFFF0])
+def test_a_key_length_is_checked_before_anything_is_allocated_for_it(key_len):
+    """An 18-byte blob declaring a 4 GB key: refused from its header (it cost 4.1 GB per reply before)."""
+    blob = wire.MAGIC_BYTES + struct.pack("<I", key_len) + b"x" * 10
+    for read in (lambda: decode(bytearray(blob)), lambda: read_streamed(blob)):
+        with pytest.raises(WireError, match=f"a key of {key_len} bytes"):
+            read()
 
 
 def test_read_only_buffers_decode_to_private_copies():

@@ -17,6 +17,7 @@ _EXPORTS = {
     "ModelMismatchError": ".identity",
     "PoolOptions": ".options",
     "RemoteTargetBackend": ".backend",
+    "RequestRejected": ".connection",
     "ServerConnection": ".connection",
     "ServerError": ".connection",
     "TargetBatch": ".backend",
@@ -32,6 +33,7 @@ __all__ = [
     "ModelMismatchError",
     "PoolOptions",
     "RemoteTargetBackend",
+    "RequestRejected",
     "ServerConnection",
     "ServerError",
     "TargetBatch",
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
     from .backend import BatchHandle, RemoteTargetBackend, TargetBatch
     from .capture import CaptureHandle
-    from .connection import ServerConnection, ServerError
+    from .connection import RequestRejected, ServerConnection, ServerError
     from .endpoints import EndpointError
     from .errors import BatchFailedError
     from .identity import ModelMismatchError

@@ -130,7 +130,7 @@ class RemoteTargetBackend:
         if endpoints is None:
             endpoints = default_spec()
         text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
-        resolver = EndpointResolver(parse_specs(text), make_resolver(nameserver))
+        resolver = EndpointResolver(parse_specs(text), make_resolver(nameserver), options.max_endpoints)
         self.session_id = str(uuid.uuid4())  # one per backend: the servers keep our vocab mapping under it
         self.device = torch.device(device) if device is not None else None
         self._embeddings: torch.nn.Embedding | None = None

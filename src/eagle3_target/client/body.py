@@ -18,6 +18,9 @@ import aiohttp
 
 from eagle3_target.protocol import wire
 
+from .errors import ReplyTooLarge
+from .limits import check_identity, read_limited
+
 DIRECT_MIN_BYTES = 16 << 20  # smaller bodies go through aiohttp's parser and keep their connection
 
 
@@ -123,14 +126,17 @@ def _direct(response: aiohttp.ClientResponse) -> bool:
 
 
 async def read_tensors(
-    response: aiohttp.ClientResponse, pin_memory: bool = False, stall_timeout: float | None = None
+    response: aiohttp.ClientResponse, limit: int, pin_memory: bool = False, stall_timeout: float | None = None
 ) -> dict[str, Any]:
-    """A wire-blob body as tensors, each read into its own storage as it arrives (wire.read_blob).
-    ``stall_timeout``: seconds a direct socket read may wait for the next bytes."""
+    """A wire-blob body of at most ``limit`` bytes as tensors, each read into its own storage as it
+    arrives (wire.read_blob). ``stall_timeout``: seconds a direct socket read may wait for the next bytes.
+    A body over the limit is refused before anything is allocated for it."""
+    check_identity(response)
     size = response.content_length
-    encoded = response.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
-    if size is None or encoded:  # no length of the blob to bound the allocations by: take the body first
-        return wire.decode(await response.read())
+    if size is None:  # chunked or close-delimited: no length to bound the allocations by, so the body first
+        return wire.decode(await read_limited(response, limit))
+    if size > limit:
+        raise ReplyTooLarge(f"{response.url}: Content-Length {size} over the limit of {limit} bytes")
     if not _direct(response):
         return await wire.read_blob(_BufferedBody(response), size, pin_memory=pin_memory)
     source = _SocketBody(response, stall_timeout)

@@ -2,14 +2,13 @@
 
 Every method is a coroutine on the client's event loop and knows nothing of the
 pool: what was agreed at join (agreement.py) and the data path of /generate
-(fetch.py) live elsewhere.
+(fetch.py) live elsewhere. Every body is read under a limit (limits.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
 import aiohttp
@@ -19,26 +18,41 @@ from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .body import read_tensors
+from .errors import ServerFault
+from .limits import ERROR_LIMIT, JSON_LIMIT, parse_json, read_limited
 
 # Failures that say "this server, now" rather than "this request": try another server.
 TRANSIENT_ERRORS = (
-    aiohttp.ClientConnectionError,
-    aiohttp.ClientPayloadError,
+    aiohttp.ClientError,  # connection errors, bad framing, a bad status line or header
     asyncio.TimeoutError,
     wire.WireError,
+    ServerFault,
 )
+# 4xx answers that are the server's state, not our request: a lost session (409 beyond the one
+# recovery in fetch.py), throttling (429), a timeout on its side.
+SERVER_STATE_STATUSES = (408, 409, 425, 429)
+MAX_RETRY_AFTER = 60.0  # seconds; a longer Retry-After is read as this
 
 
 class ServerError(Exception):
-    """A non-2xx answer. ``retryable`` for 5xx: the same request may succeed elsewhere."""
+    """A non-2xx answer. ``retryable``: the same request may succeed elsewhere (5xx, or a 4xx that
+    says something about the server's state). ``retry_after``: seconds a 429 asked us to wait."""
 
-    def __init__(self, url: str, path: str, status: int, error: str, detail: str):
+    def __init__(
+        self, url: str, path: str, status: int, error: str, detail: str, retry_after: float | None = None
+    ):
         super().__init__(f"{url}/{path}: HTTP {status} {error}: {detail}")
         self.url, self.path, self.status, self.error, self.detail = url, path, status, error, detail
+        self.retry_after = retry_after
 
     @property
     def retryable(self) -> bool:
-        return self.status >= 500
+        return self.status >= 500 or self.status in SERVER_STATE_STATUSES
+
+
+class RequestRejected(ServerError):
+    """Every server the pool could ask refused the caller's own request (a 4xx such as a batch over the
+    token cap or ids out of the vocabulary): the one error a request's own fault raises to the trainer."""
 
 
 def parse_server_timing(header: str) -> dict[str, float]:
@@ -54,26 +68,15 @@ def parse_server_timing(header: str) -> dict[str, float]:
     return out
 
 
-async def read_body(response: aiohttp.ClientResponse) -> bytearray:
-    """The whole body in one buffer sized by Content-Length: each chunk is copied once, never joined."""
-    size = response.content_length
-    if size is None:
-        body = bytearray()
-        async for chunk in response.content.iter_any():
-            body += chunk
-        return body
-    body = bytearray(size)
-    view = memoryview(body)
-    filled = 0
-    async for chunk in response.content.iter_any():
-        end = filled + len(chunk)
-        if end > size:
-            raise aiohttp.ClientPayloadError(f"body longer than its Content-Length {size}")
-        view[filled:end] = chunk
-        filled = end
-    if filled != size:
-        raise aiohttp.ClientPayloadError(f"body ended after {filled} of {size} bytes")
-    return body
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the delay form; an HTTP date is not backpressure we honour), capped."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    if seconds is None or not 0 <= seconds < float("inf"):
+        return None
+    return min(seconds, MAX_RETRY_AFTER)
 
 
 class ServerConnection:
@@ -105,10 +108,12 @@ class ServerConnection:
         body: bytes = b"",
         timeout: aiohttp.ClientTimeout | None = None,
         headers: dict[str, str] | None = None,
+        limit: int = JSON_LIMIT,
     ):
-        """POST and return the response with its body read; raise ServerError on non-2xx."""
+        """POST and return the response with its body read (at most ``limit`` bytes); raise ServerError
+        on non-2xx."""
         async with self._posting(path, body, timeout, headers) as response:
-            return response, await read_body(response)
+            return response, await read_limited(response, limit)
 
     async def post_tensors(
         self,
@@ -116,12 +121,16 @@ class ServerConnection:
         body: bytes = b"",
         timeout: aiohttp.ClientTimeout | None = None,
         headers: dict[str, str] | None = None,
+        *,
+        limit: int,
     ):
-        """POST and return the response with its wire-blob body read into tensors (``read_tensors``)."""
+        """POST and return the response with its wire-blob body (at most ``limit`` bytes) read into
+        tensors (``read_tensors``). ``timeout.total`` bounds the whole attempt, the direct socket
+        read included (aiohttp's own timer no longer watches once the socket is ours)."""
         timeout = timeout or self.timeout
-        async with self._posting(path, body, timeout, headers) as response:
+        async with asyncio.timeout(timeout.total), self._posting(path, body, timeout, headers) as response:
             stall = timeout.sock_read or timeout.total
-            return response, await read_tensors(response, self.pin_memory, stall)
+            return response, await read_tensors(response, limit, self.pin_memory, stall)
 
     @contextlib.asynccontextmanager
     async def _posting(self, path: str, body: bytes, timeout: aiohttp.ClientTimeout | None, headers):
@@ -132,66 +141,57 @@ class ServerConnection:
             timeout=timeout or self.timeout,
         ) as response:
             if response.status >= 300:
-                raise _server_error(self.url, path, response.status, await read_body(response))
-            yield response
+                payload = await read_limited(response, ERROR_LIMIT, truncate=True)
+                raise _server_error(self.url, path, response, payload)
+            try:
+                yield response
+            except BaseException:
+                response.close()  # a body read in part, or refused: never reuse this connection
+                raise
 
     async def post_json(
         self, path: str, body: bytes = b"", timeout: aiohttp.ClientTimeout | None = None
     ) -> dict[str, Any]:
         _, payload = await self.post(path, body, timeout)
-        return json.loads(payload)
+        doc = parse_json(payload, f"{self.url}/{path}")
+        if not isinstance(doc, dict):
+            raise ServerFault(f"{self.url}/{path}: the reply is not a JSON object")
+        return doc
 
-    async def health(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
-        """(status code, JSON body) of GET /health: 200 once ready, 503 while loading."""
+    async def _get_json(self, path: str, timeout: float) -> tuple[int, dict[str, Any]]:
+        """(status, JSON object or {}) of a GET whose body only informs: read under the JSON limit."""
         async with self.http.get(
-            f"{self.url}/{contract.HEALTH}",
-            headers=self.headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            f"{self.url}/{path}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as response:
+            payload = await read_limited(response, JSON_LIMIT, truncate=response.status >= 300)
             try:
-                body = await response.json(content_type=None)
-            except ValueError:
+                body = parse_json(payload, path)
+            except ServerFault:
                 body = {}
             return response.status, body if isinstance(body, dict) else {}
 
+    async def health(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
+        """(status code, JSON body) of GET /health: 200 once ready, 503 while loading."""
+        return await self._get_json(contract.HEALTH, timeout)
+
     async def livez(self, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
         """Our extension; a stock NeMo server answers 404."""
-        async with self.http.get(
-            f"{self.url}/{contract.LIVEZ}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout)
-        ) as response:
-            try:
-                return response.status, await response.json(content_type=None)
-            except ValueError:
-                return response.status, {}
+        return await self._get_json(contract.LIVEZ, timeout)
 
     async def model_info(self) -> ModelInfo:
         return ModelInfo.from_json(await self.post_json(contract.MODEL_INFO))
 
-    async def lm_head(self) -> dict[str, torch.Tensor | None]:
-        """The lm_head rows of our draft vocabulary, as sent (our extension, for the "hidden" encoding)."""
-        _, tensors = await self.post_tensors(contract.LM_HEAD, timeout=self._stall_timeout())
+    async def weight(self, path: str, limit: int) -> dict[str, torch.Tensor | None]:
+        """A weight blob (/input_embeddings, /lm_head) of at most ``limit`` bytes, as sent (fetch.py checks
+        it). About 1 GB for an 8B model's embeddings: the stall timeout is request_timeout between reads,
+        the whole read may take that plus one second per MiB (a trickle still ends)."""
+        total = self.timeout.total + limit / (1 << 20) if self.timeout.total else None
+        timeout = aiohttp.ClientTimeout(total=total, sock_read=self.timeout.total)
+        _, tensors = await self.post_tensors(path, timeout=timeout, limit=limit)
         return tensors
-
-    async def weight(self, name: str) -> dict[str, torch.Tensor | None]:
-        """A whole weight of the target, as sent (our extension: /weights/<name>)."""
-        path = f"{contract.WEIGHTS}/{name}"
-        _, tensors = await self.post_tensors(path, timeout=self._stall_timeout())
-        return tensors
-
-    def _stall_timeout(self) -> aiohttp.ClientTimeout:
-        """For big bodies: no total timeout, only one between reads."""
-        return aiohttp.ClientTimeout(sock_read=self.timeout.total)
 
     async def heartbeat(self) -> None:
         await self.post_json(contract.HEARTBEAT)
-
-    async def input_embeddings(self) -> torch.Tensor:
-        # About 1 GB for an 8B model: no total timeout, only a stall timeout between reads.
-        _, tensors = await self.post_tensors(contract.INPUT_EMBEDDINGS, timeout=self._stall_timeout())
-        weight = tensors.get("weight")
-        if weight is None:
-            raise wire.WireError(f"{self.url}/{contract.INPUT_EMBEDDINGS}: response has no 'weight'")
-        return weight
 
     async def set_vocab_mapping(self, blob: bytes) -> None:
         """Send the mapping: the wire blob of selected_token_ids and selected_token_mask."""
@@ -207,10 +207,12 @@ class ServerConnection:
         await self.post_json(contract.DISCONNECT, b"{}", limit)
 
 
-def _server_error(url: str, path: str, status: int, payload: bytes) -> ServerError:
+def _server_error(url: str, path: str, response: aiohttp.ClientResponse, payload: bytes) -> ServerError:
     try:
-        doc = json.loads(payload)
-        error, detail = str(doc.get("error", "")), str(doc.get("detail", ""))
-    except (ValueError, AttributeError):
+        doc = parse_json(payload, path)
+        error, detail = str(doc.get("error", ""))[:200], str(doc.get("detail", ""))[:500]
+    except (ServerFault, AttributeError):
         error, detail = "", bytes(payload[:200]).decode("utf-8", "replace")
-    return ServerError(url, path, status, error or f"http_{status}", detail)
+    status = response.status
+    retry_after = parse_retry_after(response.headers.get("Retry-After")) if status == 429 else None
+    return ServerError(url, path, status, error or f"http_{status}", detail, retry_after)

@@ -24,13 +24,22 @@ from eagle3_target.protocol import encodings
 from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import ModelInfo
 
-from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
+from .connection import RequestRejected, ServerConnection, ServerError
 from .endpoints import EndpointResolver
-from .errors import BatchFailedError
-from .fetch import Reply, fetch_capture, fetch_lm_head, fetch_supervision, fetch_weight
+from .errors import BatchFailedError, ServerFault
+from .fetch import (
+    Reply,
+    fetch_capture,
+    fetch_input_embeddings,
+    fetch_lm_head,
+    fetch_supervision,
+    fetch_weight,
+)
 from .head_rows import HeadRowsCache
+from .limits import new_session
 from .membership import Member, Membership, MemberState, short
 from .options import PoolOptions
+from .p2p import P2PUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,8 +74,7 @@ class TargetPool:
 
     async def start(self) -> None:
         """Find the servers and return once one is ready (see Membership.start)."""
-        # trust_env=False: proxy variables in a trainer pod must not capture target traffic.
-        self._http = aiohttp.ClientSession(trust_env=False, connector=aiohttp.TCPConnector(limit=0))
+        self._http = new_session(connector=aiohttp.TCPConnector(limit=0))
         await self.membership.start()
 
     async def settle(self, timeout: float) -> int:
@@ -124,7 +132,9 @@ class TargetPool:
         )
 
     async def input_embeddings(self) -> torch.Tensor:
-        return await self.with_failover(lambda m: m.conn.input_embeddings(), what="/input_embeddings")
+        return await self.with_failover(
+            lambda m: fetch_input_embeddings(m.conn, m.agreement), what="/input_embeddings"
+        )
 
     async def set_vocab_mapping(self, blob: bytes) -> None:
         await self.membership.set_vocab_mapping(blob)
@@ -132,8 +142,8 @@ class TargetPool:
     # -- failover and hedging --------------------------------------------------------------
 
     async def with_failover(self, call: Call, what: str, hedge: bool = False) -> T:
-        """Run ``call`` on one healthy server; on a transient failure quarantine it and try another,
-        with jittered exponential backoff, until the deadline. 4xx answers are raised at once.
+        """Run ``call`` on one healthy server; on a server fault quarantine it and try another, with
+        jittered exponential backoff, until the deadline (see ``_outcome`` for what is a fault).
 
         With ``hedge``, a server that stays silent past ``hedge_threshold()`` is quarantined (it rejoins
         once /health answers) and the call is also started on another server; the first complete answer
@@ -141,12 +151,13 @@ class TargetPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.deadline
         tried: list[str] = []
+        rejected: set[str] = set()  # servers that refused this request with a 4xx
         attempt = 0
         running: dict[asyncio.Task, Member] = {}
         try:
             while True:
                 if not running:
-                    member = await self._acquire(deadline)
+                    member = await self._acquire(deadline, rejected)
                     if member is None:
                         raise BatchFailedError(
                             f"{what} found no server within {self.options.deadline:.0f}s; tried: "
@@ -169,7 +180,7 @@ class TargetPool:
                     self._hedge(running, call, what)
                     continue
                 for task in done:
-                    result = self._outcome(task, running.pop(task), tried)
+                    result = self._outcome(task, running.pop(task), tried, rejected)
                     if result is not _FAILED:
                         return result
                 if not running:
@@ -183,22 +194,41 @@ class TargetPool:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
-    def _outcome(self, task: asyncio.Task, member: Member, tried: list[str]):
-        """A finished attempt's result; _FAILED after a transient failure (the member is quarantined).
-        Anything else (a 4xx, a bug) is raised: it would fail on every server."""
+    def _outcome(self, task: asyncio.Task, member: Member, tried: list[str], rejected: set[str]):
+        """A finished attempt's result, or _FAILED to try again. Every failure is the server's (it is
+        quarantined) except: a 429 with Retry-After (backpressure: that server rests, unquarantined),
+        and a 4xx about the request itself, raised as RequestRejected once every healthy server has
+        refused it. Errors of the caller's own (RequestRejected, P2PUnavailable, ...) are raised."""
         error = task.exception()
         if error is None:
+            member.strikes = 0
+            for url in rejected:  # they refused what this server answered: the fault was theirs
+                self._quarantine_url(url, ServerFault(f"refused a request {member.url} served"))
             return task.result()
-        if isinstance(error, ServerError) and not error.retryable:
+        if isinstance(error, (BatchFailedError, RequestRejected, P2PUnavailable, encodings.EncodingError)):
             raise error
-        if not isinstance(error, (ServerError, *TRANSIENT_ERRORS)):
-            raise error
-        if not isinstance(error, ServerError):
-            self.membership.resolve_now.set()  # the server may be gone: ask DNS again soon
         tried.append(f"{member.url}: {short(error)}")
+        if isinstance(error, ServerError) and error.status == 429 and error.retry_after is not None:
+            self.membership.rest(member, error.retry_after)
+            return _FAILED
+        if isinstance(error, ServerError) and not error.retryable:
+            rejected.add(member.url)
+            if {m.url for m in self.healthy()} <= rejected:
+                raise RequestRejected(
+                    error.url, error.path, error.status, error.error, error.detail
+                ) from error
+            return _FAILED
+        if isinstance(error, aiohttp.ClientConnectionError):
+            self.membership.resolve_now.set()  # the server may be gone: ask DNS again soon
         self.failovers += 1
         self.membership.quarantine(member, error)
         return _FAILED
+
+    def _quarantine_url(self, url: str, error: BaseException) -> None:
+        member = self.members.get(url)
+        if member is not None:
+            self.failovers += 1
+            self.membership.quarantine(member, error)
 
     def hedge_threshold(self) -> float:
         """max(hedge_after, factor x p99 of recent /generate times): never below the floor, and a slow
@@ -245,21 +275,27 @@ class TargetPool:
 
     # -- slots -----------------------------------------------------------------------------
 
-    async def _acquire(self, deadline: float) -> Member | None:
+    async def _acquire(self, deadline: float, rejected: set[str] = frozenset()) -> Member | None:
         loop = asyncio.get_running_loop()
         async with self.membership.changed:
             while True:
-                member = self._pick()
+                member = self._pick(rejected)
                 if member is not None:
                     member.in_flight += 1
                     return member
                 left = deadline - loop.time()
                 if left <= 0:
                     return None
-                await self.membership.wait_changed(left)
+                resting = [m.rest_until for m in self.healthy() if m.rest_until > loop.time()]
+                await self.membership.wait_changed(min([left, *(t - loop.time() for t in resting)]))
 
-    def _pick(self) -> Member | None:
-        free = [m for m in self.healthy() if m.in_flight < self.options.max_in_flight]
+    def _pick(self, rejected: set[str] = frozenset()) -> Member | None:
+        now = asyncio.get_running_loop().time()
+        free = [
+            m
+            for m in self.healthy()
+            if m.in_flight < self.options.max_in_flight and m.rest_until <= now and m.url not in rejected
+        ]
         if not free:
             return None
         self._turn += 1

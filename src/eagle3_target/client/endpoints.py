@@ -25,6 +25,7 @@ import dns.resolver
 from eagle3_target.protocol import contract
 from eagle3_target.protocol.contract import DEFAULT_PORT, SERVICE_ENV
 
+from .addresses import AddressFilter
 from .options import PoolOptions
 
 log = logging.getLogger(__name__)
@@ -130,11 +131,21 @@ def make_resolver(nameserver: str | None = None, timeout: float = 2.0) -> dns.as
 
 
 class EndpointResolver:
-    """Turns specs into a sorted list of base URLs, one DNS round per call."""
+    """Turns specs into a sorted list of base URLs, one DNS round per call. Every address is checked
+    (addresses.py) and each name yields at most ``max_endpoints``; an SRV name's targets are resolved
+    ``RESOLVE_CONCURRENCY`` at a time, so a name with thousands of records still resolves in bounded time."""
 
-    def __init__(self, specs: list[EndpointSpec], resolver: dns.asyncresolver.Resolver | None = None):
+    RESOLVE_CONCURRENCY = 32
+
+    def __init__(
+        self,
+        specs: list[EndpointSpec],
+        resolver: dns.asyncresolver.Resolver | None = None,
+        max_endpoints: int = 256,
+    ):
         self.specs = specs
         self.resolver = resolver or make_resolver()
+        self.filter = AddressFilter(max_endpoints)
 
     async def resolve(self) -> list[str]:
         """All URLs now; raises a DNS error if any name does not resolve."""
@@ -143,13 +154,38 @@ class EndpointResolver:
             if spec.kind == "http":
                 urls.add(spec.name)
             elif spec.kind == "dns":
-                urls.update(base_url(ip, spec.port) for ip in await self._addresses(spec.name))
+                found = [
+                    ip
+                    for ip in await self._addresses(spec.name)
+                    if self.filter.keep(spec.name, ip, spec.port)
+                ]
+                urls.update(self.filter.cap(spec.name, sorted(base_url(ip, spec.port) for ip in found)))
             else:
-                answer = await self.resolver.resolve(spec.name, "SRV")
-                for record in answer:
-                    target = record.target.to_text(omit_final_dot=True)
-                    urls.update(base_url(ip, record.port) for ip in await self._addresses(target))
+                urls.update(await self._srv(spec.name))
         return sorted(urls)
+
+    async def _srv(self, name: str) -> list[str]:
+        """The URLs an SRV name's records point at, at most ``max_endpoints``; a target that does not
+        resolve adds nothing (the name raises only when none does)."""
+        answer = await self.resolver.resolve(name, "SRV")
+        records = sorted({(r.target.to_text(omit_final_dot=True), r.port) for r in answer})
+        records = self.filter.cap(
+            name, [(t, p) for t, p in records if p != 0 or self.filter.keep(name, t, p)]
+        )
+        gate = asyncio.Semaphore(self.RESOLVE_CONCURRENCY)
+
+        async def urls_of(target: str, port: int) -> list[str]:
+            async with gate:
+                ips = await self._addresses(target)
+            return [base_url(ip, port) for ip in ips if self.filter.keep(name, ip, port)]
+
+        found = await asyncio.gather(*(urls_of(t, p) for t, p in records), return_exceptions=True)
+        errors = [r for r in found if isinstance(r, BaseException)]
+        if errors and len(errors) == len(found):
+            raise errors[0]
+        return self.filter.cap(
+            name, sorted({u for r in found if not isinstance(r, BaseException) for u in r})
+        )
 
     async def _addresses(self, name: str) -> list[str]:
         """IPv4 and IPv6 addresses of ``name``; a family the name lacks answers NoAnswer and adds nothing. Raises

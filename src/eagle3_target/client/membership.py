@@ -26,7 +26,7 @@ from eagle3_target.protocol.features import FeatureError
 from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError
 
 from .agreement import Agreement
-from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
+from .connection import TRANSIENT_ERRORS, RequestRejected, ServerConnection, ServerError
 from .endpoints import DNS_ERRORS, EndpointResolver
 from .errors import BatchFailedError
 from .identity import FleetModel, ModelMismatchError
@@ -59,6 +59,8 @@ class Member:
     refusal: BaseException | None = None
     agreement: Agreement | None = None  # set at each admission, whole
     probed_info: ModelInfo | None = None  # /model_info read before the first join, used by it
+    strikes: int = 0  # quarantines since its last good answer: each quadruples the wait before it rejoins
+    rest_until: float = 0.0  # loop time before which it takes no request (it answered 429 + Retry-After)
     tasks: set[asyncio.Task] = field(default_factory=set)
 
     @property
@@ -130,7 +132,12 @@ class Membership:
                 left = deadline - loop.time()
                 if left <= 0 or not await self.wait_changed(left):
                     break
-        return len(self.healthy())
+        healthy = self.healthy()
+        if len(healthy) < len(self.members):
+            log.warning(
+                "%d of %d target servers healthy: %s", len(healthy), len(self.members), self.describe()
+            )
+        return len(healthy)
 
     async def close(self) -> None:
         """Stop background work and end our sessions (only ours: the servers keep running)."""
@@ -164,11 +171,13 @@ class Membership:
         results = await asyncio.gather(
             *(m.conn.set_vocab_mapping(blob) for m in targets), return_exceptions=True
         )
+        refusals = [r for r in results if isinstance(r, ServerError) and not r.retryable]
+        if refusals and len(refusals) == len(targets):  # every server refused it: the mapping is at fault
+            first = refusals[0]
+            raise RequestRejected(first.url, first.path, first.status, first.error, first.detail) from first
         for member, result in zip(targets, results, strict=True):
-            if isinstance(result, ServerError) and not result.retryable:
-                raise result
             if isinstance(result, BaseException):
-                self.quarantine(member, result)  # it gets the mapping when it rejoins
+                self.quarantine(member, result)  # it gets the mapping when it rejoins (or is refused then)
 
     # -- joining ---------------------------------------------------------------------------
 
@@ -183,7 +192,11 @@ class Membership:
 
     async def _join(self, member: Member) -> None:
         """Admit ``member``, retrying with backoff while it is not ready; refuse it for good on a
-        different model, an encoding it lacks, or a 4xx (a wrong token, say)."""
+        different model, an encoding it lacks, or a 4xx (a wrong token, say). Any other failure (an
+        answer no correct server gives included) quarantines it with the reason; this task never dies
+        of one. A member quarantined before waits first, longer with each strike."""
+        if member.strikes:
+            await asyncio.sleep(self.readmit_delay(member.strikes))
         delay = self.options.backoff_base
         while member.state in (MemberState.JOINING, MemberState.QUARANTINED):
             try:
@@ -194,10 +207,24 @@ class Membership:
                     self._refuse(member, exc)
                     return
                 member.last_error = short(exc)
-            except TRANSIENT_ERRORS as exc:
-                member.last_error = short(exc)
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                member.last_error = short(exc)  # not up (yet): keep waiting quietly
+            except Exception as exc:  # a server fault: it answers, wrongly
+                self._join_fault(member, exc)
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(self.options.backoff_max, delay * 2)
+
+    def readmit_delay(self, strikes: int) -> float:
+        return min(self.options.readmit_backoff_max, self.options.backoff_base * 4**strikes)
+
+    def _join_fault(self, member: Member, exc: BaseException) -> None:
+        why = short(exc)
+        if why != member.last_error:
+            log.warning("%s cannot join: %s", member.url, why)
+        member.last_error = why
+        if member.state == MemberState.JOINING:
+            member.state = MemberState.QUARANTINED
+            self.notify()
 
     def _refuse(self, member: Member, exc: BaseException) -> None:
         member.state = MemberState.REFUSED
@@ -244,7 +271,7 @@ class Membership:
                 return
             try:
                 await member.conn.heartbeat()
-            except (ServerError, *TRANSIENT_ERRORS) as exc:
+            except Exception as exc:  # any answer but a good one: this task must not die of it
                 self.quarantine(member, exc)
                 return
 
@@ -256,8 +283,17 @@ class Membership:
         if member.state != MemberState.HEALTHY:
             return
         log.warning("quarantining %s: %s", member.url, member.last_error)
+        member.strikes += 1
         member.state = MemberState.QUARANTINED
         self._start_member_task(member, self._join(member))
+        self.notify()
+
+    def rest(self, member: Member, seconds: float) -> None:
+        """Backpressure (429 + Retry-After): no requests to ``member`` for ``seconds``; it stays healthy."""
+        loop = asyncio.get_running_loop()
+        if member.rest_until <= loop.time():
+            log.info("%s asks us to wait %.1fs (429)", member.url, seconds)
+        member.rest_until = loop.time() + seconds
         self.notify()
 
     def release(self, member: Member) -> None:
@@ -289,7 +325,14 @@ class Membership:
                 await asyncio.wait_for(self.resolve_now.wait(), self.options.resolve_interval)
             self.resolve_now.clear()
             started = loop.time()
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as exc:  # this loop finds new servers: it must outlive any answer
+                log.warning(
+                    "re-resolving target endpoints failed (keeping %d servers): %s",
+                    len(self.members),
+                    short(exc),
+                )
             await asyncio.sleep(max(0.0, self.options.min_resolve_gap - (loop.time() - started)))
 
     async def refresh(self) -> None:
@@ -342,4 +385,5 @@ def short(error: BaseException) -> str:
         code, words = error.os_error.errno, error.os_error.strerror
         why = os.strerror(code) if code and code > 0 else words or str(error.os_error)
         return f"cannot connect to {error.host}:{error.port}: {why}"
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text if len(text) <= 300 else text[:300] + "..."  # a server chooses these words: keep them short

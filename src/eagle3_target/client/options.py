@@ -27,6 +27,10 @@ class PoolOptions:
     heartbeat_interval: float = 15.0
     backoff_base: float = 0.05
     backoff_max: float = 5.0
+    # A server quarantined N times since its last good answer waits min(this, backoff_base x 4^N) before it
+    # rejoins: one that stalls every time is not readmitted right after each hedge.
+    readmit_backoff_max: float = 60.0
+    max_endpoints: int = 256  # addresses taken from one DNS name (the rest are left out, with a warning)
     data_path: str = "auto"  # "auto": GPU-direct when both sides can; "wire"; "p2p" (gloo too; see p2p.py)
     # A /generate still unanswered after max(hedge_after, hedge_p99_factor x the observed p99) is re-sent
     # to another server: a stopped process or wedged GPU keeps its socket open, so only time tells.

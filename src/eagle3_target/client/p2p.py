@@ -27,10 +27,23 @@ from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.protocol.p2p import GLOO, NCCL, PeerGroup, TransferError
 
 from .connection import ServerError
+from .errors import ServerFault
 
 log = logging.getLogger(__name__)
 
 InitNccl = Callable[[bytes], Awaitable[dict[str, Any]]]  # POST /init_nccl: body -> JSON reply
+
+
+def _check_metadata(metadata: Mapping[str, Any], want: Mapping[str, tuple[Any, tuple[int, ...]]]) -> None:
+    announced = {k: v for k, v in metadata.items() if v is not None}
+    if set(announced) != set(want):
+        raise ServerFault(f"p2p metadata announces {sorted(announced)[:8]}, expected {sorted(want)}")
+    for key, (dtype, shape) in want.items():
+        got_dtype, got_shape = announced[key]
+        if tuple(got_shape) != tuple(shape) or (dtype is not None and got_dtype != dtype):
+            raise ServerFault(
+                f"p2p metadata: {key!r} is {got_dtype} {list(got_shape)[:8]}, expected {dtype or 'any'} {list(shape)}"
+            )
 
 
 class P2PUnavailable(RuntimeError):
@@ -87,10 +100,12 @@ class P2PChannel:
         return {contract.NCCL_HEADER: "1", contract.SEQUENCE_HEADER: str(self.next_seq)}
 
     async def receive(
-        self, headers: Mapping[str, str], payload: bytes
+        self, headers: Mapping[str, str], payload: bytes, want: Mapping[str, tuple[Any, tuple[int, ...]]]
     ) -> dict[str, torch.Tensor | None] | None:
         """The tensors a p2p reply (``headers`` and its metadata ``payload``) announces; None: fetch them
-        over the wire instead (the group is then dropped)."""
+        over the wire instead (the group is then dropped). Metadata that differs from ``want`` (key ->
+        (dtype or None, shape)) is a server fault, raised before any receive is posted: a receive sized
+        from a lie can abort the process inside gloo."""
         seq = self.next_seq
         try:
             if headers.get(contract.SEQUENCE_HEADER) != str(seq):
@@ -98,8 +113,12 @@ class P2PChannel:
                     f"server echoed transfer {headers.get(contract.SEQUENCE_HEADER)}, not {seq}"
                 )
             metadata = decode_metadata(payload)
+            _check_metadata(metadata, want)
             loop = asyncio.get_running_loop()
             tensors = await loop.run_in_executor(None, self.group.recv, metadata, seq, self.timeout)
+        except ServerFault as exc:
+            self.reset(str(exc))  # the server posted sends we will never receive
+            raise
         except (TransferError, wire.WireError) as exc:
             self.reset(str(exc))
             self.fallbacks += 1

@@ -9,10 +9,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from eagle3_target.exits import CommandError, Exit
-from eagle3_target.protocol.model_info import ModelInfo
+from eagle3_target.protocol.model_info import ModelInfo, ModelInfoError
 
 from .connection import TRANSIENT_ERRORS, ServerConnection, ServerError
 from .endpoints import (
@@ -24,6 +22,7 @@ from .endpoints import (
     parse_specs,
     read_auth_token,
 )
+from .limits import new_session
 
 STATES = ("ready", "loading", "unauthorized", "down")  # what one server is, to this caller
 
@@ -48,8 +47,8 @@ async def probe_server(conn: ServerConnection, pings: int) -> dict[str, Any]:
     except ServerError as exc:
         report["state"] = "unauthorized" if exc.status in (401, 403) else report["state"]
         report["error"] = f"HTTP {exc.status} {exc.error}: {exc.detail}"
-    except TRANSIENT_ERRORS as exc:
-        report["error"] = f"{type(exc).__name__}: {exc}"
+    except (*TRANSIENT_ERRORS, ModelInfoError) as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"[:300]
     return report
 
 
@@ -66,7 +65,7 @@ async def probe(
     resolver = EndpointResolver(specs, make_resolver(nameserver))
     urls = await resolver.resolve_until(asyncio.get_running_loop().time() + resolve_timeout)
     session_id = f"probe-{uuid.uuid4()}"
-    async with aiohttp.ClientSession(trust_env=False) as http:
+    async with new_session() as http:
         conns = [ServerConnection(u, http, session_id, auth_token=token, timeout=timeout) for u in urls]
         return list(await asyncio.gather(*(probe_server(c, pings) for c in conns)))
 

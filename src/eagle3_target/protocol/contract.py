@@ -45,6 +45,11 @@ VOCAB_KEYS = ("selected_token_ids", "selected_token_mask")
 # 0-padded, each row summing to S). NeMo's doc_remaining only gates the trainer's loss: it stays there.
 PACKING_KEYS = ("position_ids", "seq_lens")
 
+# Our extension: a /generate's request id, and in the reply that id and the digest of the request body
+# (see protocol/binding.py). Sent only by our client; a stock NeMo client sees no change.
+REQUEST_ID_HEADER = "X-Eagle3-Request"
+REQUEST_DIGEST_HEADER = "X-Eagle3-Request-Digest"
+
 # NeMo's p2p header: request "my group is up", response "tensors follow".
 NCCL_HEADER = "X-NeMo-NCCL"
 # Our extension: names the caller's session; without it the peer address does.

@@ -69,13 +69,15 @@ class ModelInfo:
     weights: tuple[str, ...] | None = None  # what /weights/<name> hands out (features.py WEIGHT_NAMES)
     nccl_port: int | None = None  # NeMo's p2p rendezvous port, where the server fixes one
     p2p: Mapping[str, Any] = field(default_factory=dict)  # the server's p2p offer: {"backend": ..., ...}
+    request_binding: str | None = None  # "sha256": /generate replies echo our request id (binding.py)
 
     @classmethod
     def from_json(cls, doc: Any) -> ModelInfo:
-        """Parse a /model_info body (already JSON-decoded); ModelInfoError names what is wrong."""
+        """Parse a /model_info body (already JSON-decoded); ModelInfoError names what is wrong, including
+        sizes no model has (``LIMITS``) and aux layer ids outside the model's layers."""
         if not isinstance(doc, Mapping):
             raise ModelInfoError(f"/model_info is not a JSON object: {doc!r:.200}")
-        missing = [k for k in NEMO_KEYS if k not in doc]
+        missing = [k for k in NEMO_KEYS if doc.get(k) is None]
         if missing:
             raise ModelInfoError(f"/model_info lacks {', '.join(missing)}")
         try:
@@ -83,19 +85,26 @@ class ModelInfo:
             values = {k: v for k, v in doc.items() if k in known and v is not None}
             for name in NEMO_KEYS[:3]:
                 values[name] = _int(values[name], name)
+            if not isinstance(values["aux_layer_ids"], list) or len(values["aux_layer_ids"]) > MAX_AUX_LAYERS:
+                raise ModelInfoError(
+                    f"/model_info aux_layer_ids is malformed (not a list of at most 64 ids): {values['aux_layer_ids']!r:.100}"
+                )
             values["aux_layer_ids"] = tuple(_int(i, "aux_layer_ids") for i in values["aux_layer_ids"])
             if "nccl_port" in values:
                 values["nccl_port"] = _int(values["nccl_port"], "nccl_port")
             for name in ("encodings", "features", "weights"):
                 if name in values:
-                    values[name] = tuple(str(e) for e in values[name])
+                    if not isinstance(values[name], list):
+                        raise ModelInfoError(f"/model_info {name} is not a list: {values[name]!r:.100}")
+                    values[name] = tuple(str(e)[:64] for e in values[name][:64])
             if not isinstance(values.get("p2p", {}), Mapping):
                 raise ModelInfoError(f"/model_info p2p is not an object: {values['p2p']!r:.100}")
-            for name in ("model", "engine", "dtype", "config_digest"):
+            for name in ("model", "engine", "dtype", "config_digest", "request_binding"):
                 if name in values:
-                    values[name] = str(values[name])
+                    values[name] = str(values[name])[:MAX_TEXT]
         except TypeError as exc:
             raise ModelInfoError(f"/model_info has a malformed field: {exc}") from None
+        _check_ranges(values)
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +134,27 @@ class ModelInfo:
     def describe(self) -> str:
         """The identity as one line, e.g. for grouping servers that disagree."""
         return ", ".join(f"{k}={_show(v)}" for k, v in self.identity().items())
+
+
+# What a /model_info may say: beyond these no model exists, and a client would size buffers from them.
+LIMITS = {
+    "num_hidden_layers": (1, 4096),
+    "hidden_size": (0, 1 << 17),  # 0: the model's config lacks it (NeMo's rule)
+    "vocab_size": (1, 1 << 24),
+    "nccl_port": (1, 65535),
+}
+MAX_AUX_LAYERS = 64
+MAX_TEXT = 512
+
+
+def _check_ranges(values: Mapping[str, Any]) -> None:
+    for name, (low, high) in LIMITS.items():
+        if name in values and not low <= values[name] <= high:
+            raise ModelInfoError(f"/model_info {name} {values[name]} is outside [{low}, {high}]")
+    layers = values["num_hidden_layers"]
+    bad = [i for i in values["aux_layer_ids"] if not 0 <= i < layers]
+    if bad:
+        raise ModelInfoError(f"/model_info aux_layer_ids {bad} are outside the model's {layers} layers")
 
 
 def _int(value: Any, name: str) -> int:

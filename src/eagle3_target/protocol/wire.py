@@ -46,6 +46,10 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _ENTRY_HEAD = struct.Struct("<BBB")  # flags, dtype code, ndim
 _FLAG_NONE = 1
+# Every reader's bounds on per-entry work: no blob we speak has more than a handful of entries or a
+# key longer than a few words, so a blob of millions of tiny entries or a 4 GB key is refused early.
+MAX_ENTRIES = 64
+MAX_KEY_BYTES = 256
 
 TensorDict = Mapping[str, torch.Tensor | None]
 
@@ -147,13 +151,14 @@ class _Reader:
 
 
 def decode(
-    buf: bytes | bytearray | memoryview, max_entries: int | None = None
+    buf: bytes | bytearray | memoryview, max_entries: int = MAX_ENTRIES
 ) -> dict[str, torch.Tensor | None]:
     """Decode a wire blob into tensors that view ``buf`` (zero-copy).
 
     Pass a writable buffer (bytearray) to get writable tensors; read-only
     buffers (bytes) are copied per tensor because torch cannot view them safely.
-    ``max_entries`` bounds the per-entry work a blob of many tiny entries can cause.
+    ``max_entries`` bounds the per-entry work a blob of many tiny entries can cause; keys longer
+    than MAX_KEY_BYTES and repeated keys are refused.
     """
     view = memoryview(buf).cast("B")
     reader = _Reader(view)
@@ -164,13 +169,9 @@ def decode(
     entries = 0
     while reader.pos < len(view):
         entries += 1
-        if max_entries is not None and entries > max_entries:
-            raise WireError(f"more than {max_entries} entries")
-        key_len = reader.u32("key length")
-        try:
-            key = bytes(reader.take(key_len, "key")).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise WireError(f"key at offset {reader.pos - key_len} is not UTF-8") from exc
+        _check_entries(entries, max_entries)
+        key_len = _key_length(reader.u32("key length"))
+        key = _key(bytes(reader.take(key_len, "key")), out)
         flags = reader.u8(f"flags of {key!r}")
         if flags & _FLAG_NONE:
             out[key] = None
@@ -193,6 +194,27 @@ def _view_tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -
         return torch.frombuffer(data, dtype=dtype).view(shape)
     except RuntimeError as exc:
         raise WireError(f"shape {list(shape)} is not a valid {dtype} tensor: {exc}") from None
+
+
+def _check_entries(entries: int, max_entries: int) -> None:
+    if entries > max_entries:
+        raise WireError(f"more than {max_entries} entries")
+
+
+def _key_length(n: int) -> int:
+    if n > MAX_KEY_BYTES:
+        raise WireError(f"a key of {n} bytes (at most {MAX_KEY_BYTES})")
+    return n
+
+
+def _key(raw: bytes, seen: Mapping[str, object]) -> str:
+    try:
+        key = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError(f"key {raw[:40]!r} is not UTF-8") from None
+    if key in seen:
+        raise WireError(f"key {key!r} appears twice")
+    return key
 
 
 def _dtype(key: str, code: int) -> torch.dtype:
@@ -287,6 +309,7 @@ class _StreamReader:
         self.pos += len(view)
 
     async def take(self, n: int, what: str) -> bytes:
+        self.check(n, what)  # before allocating: a length is only a claim
         buf = bytearray(n)
         await self.into(memoryview(buf), what)
         return bytes(buf)
@@ -302,7 +325,7 @@ class _StreamReader:
 
 
 async def read_blob(
-    source: ByteSource, size: int, max_entries: int | None = None, pin_memory: bool = False
+    source: ByteSource, size: int, max_entries: int = MAX_ENTRIES, pin_memory: bool = False
 ) -> dict[str, torch.Tensor | None]:
     """Decode a ``size``-byte wire blob from ``source``, reading each tensor's bytes straight into its own
     storage (pinned for a copy to CUDA, else from ``RECEIVE_POOL``). Checks as ``decode`` does; a tensor
@@ -315,13 +338,9 @@ async def read_blob(
     entries = 0
     while reader.pos < size:
         entries += 1
-        if max_entries is not None and entries > max_entries:
-            raise WireError(f"more than {max_entries} entries")
-        key_len = await reader.u32("key length")
-        try:
-            key = (await reader.take(key_len, "key")).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise WireError(f"key at offset {reader.pos - key_len} is not UTF-8") from exc
+        _check_entries(entries, max_entries)
+        key_len = _key_length(await reader.u32("key length"))
+        key = _key(await reader.take(key_len, "key"), out)
         if await reader.u8(f"flags of {key!r}") & _FLAG_NONE:
             out[key] = None
             continue

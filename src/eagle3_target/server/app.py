@@ -15,7 +15,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from eagle3_target.protocol import contract, encodings, metadata
+from eagle3_target.protocol import binding, contract, encodings, metadata
 from eagle3_target.protocol.rendezvous import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
 
@@ -175,20 +175,23 @@ class TargetServer:
             features=request.headers.get(contract.FEATURES_HEADER),
             priority=request.headers.get(contract.PRIORITY_HEADER),
         )
+        echo = binding.reply_headers(request.headers, asked.body)  # {} for a stock NeMo client
         async with self.service.generate(asked) as answer:
             if answer.transfer is not None:
-                return await self._deliver_p2p(request, answer)
+                return await self._deliver_p2p(request, answer, echo)
             start = time.perf_counter()
             blob = EncodedBlob(answer.supervision)
             answer.timings["encode"] = time.perf_counter() - start
             start = time.perf_counter()
-            headers = {"Server-Timing": _server_timing(answer.timings), **answer.headers()}
+            headers = {"Server-Timing": _server_timing(answer.timings), **answer.headers(), **echo}
             response = await self.stream_blob(request, blob, headers)
             answer.timings["send"] = time.perf_counter() - start
             self.service.delivered(answer, "wire", blob.nbytes)
             return response
 
-    async def _deliver_p2p(self, request: web.Request, answer: Answer) -> web.StreamResponse:
+    async def _deliver_p2p(
+        self, request: web.Request, answer: Answer, echo: dict[str, str]
+    ) -> web.StreamResponse:
         """Metadata in the HTTP response, flushed, then the tensors over the session's group."""
         transfer = answer.transfer
         response = web.Response(
@@ -198,6 +201,7 @@ class TargetServer:
                 **transfer.response_headers(),
                 "Server-Timing": _server_timing(answer.timings),
                 **answer.headers(),
+                **echo,
             },
         )
         await response.prepare(request)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle3_target.protocol import contract, encodings
+from eagle3_target.protocol import binding, contract, encodings
 from eagle3_target.protocol.contract import PACKING_KEYS
 from eagle3_target.protocol.features import CAN_PACKING, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.protocol.model_info import ModelInfo
@@ -200,7 +200,11 @@ class TargetService:
     def model_info(self, session_id: str) -> ModelInfo:
         runner = self.ready_runner()
         self.sessions.touch(session_id)
-        return runner.info.model_info(nccl_port=self.options.p2p.port, p2p=self.p2p.info(runner.info.device))
+        return runner.info.model_info(
+            nccl_port=self.options.p2p.port,
+            p2p=self.p2p.info(runner.info.device),
+            request_binding=binding.SCHEME,
+        )
 
     async def input_embeddings(self, session_id: str) -> torch.Tensor:
         runner = self.ready_runner()

@@ -1,0 +1,97 @@
+"""What the client makes of faults its background work and the p2p path meet (no server needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+import torch
+
+from eagle3_target.client.errors import ServerFault
+from eagle3_target.client.membership import Member, Membership
+from eagle3_target.client.options import PoolOptions
+from eagle3_target.client.p2p import P2PChannel
+from eagle3_target.protocol import contract
+from eagle3_target.protocol.model_info import ModelInfo
+from eagle3_target.protocol.wire import DTYPE_TO_CODE
+
+INFO = ModelInfo(32, 64, 512, (1, 15, 28), dtype="bfloat16", p2p={"backend": "gloo"})
+WANT = {"aux_hidden_states": (torch.bfloat16, (2, 16, 192)), "position_bits": (torch.uint8, (4,))}
+
+
+class _Group:
+    """A p2p group that must never be asked to receive."""
+
+    name, backend, closed = "test-group", "gloo", False
+
+    def recv(self, *args):
+        raise AssertionError("a receive was posted")
+
+    def close(self):
+        self.closed = True
+
+
+def _metadata(**shapes) -> bytes:
+    doc = {k: {"dtype_code": DTYPE_TO_CODE[dtype], "shape": shape} for k, (dtype, shape) in shapes.items()}
+    return json.dumps({"keys_order": list(doc), "metadata": doc}).encode()
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        {"aux_hidden_states": (torch.bfloat16, [2, 16, -192]), "position_bits": (torch.uint8, [4])},
+        {"aux_hidden_states": (torch.bfloat16, [2, 16, 1 << 40]), "position_bits": (torch.uint8, [4])},
+        {"aux_hidden_states": (torch.bfloat16, [2, 16, 1]), "position_bits": (torch.uint8, [4])},  # smaller
+        {"aux_hidden_states": (torch.float32, [2, 16, 192]), "position_bits": (torch.uint8, [4])},
+        {"aux_hidden_states": (torch.bfloat16, [2, 16, 192])},
+    ],
+    ids=["negative", "huge", "smaller than sent", "another dtype", "a key missing"],
+)
+async def test_p2p_metadata_that_differs_from_the_agreed_shapes_fails_over_before_any_receive(shapes):
+    """Before: RuntimeError from torch, or the trainer killed by SIGABRT inside gloo (metadata smaller
+    than what is sent). Now a server fault, raised before a receive is posted; the group is dropped."""
+    channel = P2PChannel("http://x", INFO, "p2p")
+    channel.group = group = _Group()
+    with pytest.raises(ServerFault, match="p2p metadata"):
+        await channel.receive({contract.SEQUENCE_HEADER: "0"}, _metadata(**shapes), WANT)
+    assert group.closed and channel.group is None
+
+
+def test_a_server_that_keeps_failing_waits_longer_each_time_before_it_rejoins():
+    options = PoolOptions(backoff_base=0.05, readmit_backoff_max=60.0)
+    membership = Membership(resolver=None, connect=None, options=options)
+    delays = [membership.readmit_delay(strikes) for strikes in range(1, 8)]
+    assert delays == sorted(delays) and delays[0] == pytest.approx(0.2) and delays[-1] == 60.0
+
+
+async def test_quarantine_counts_strikes():
+    membership = Membership(resolver=None, connect=None, options=PoolOptions(readmit_backoff_max=0.01))
+    member = Member(conn=type("Conn", (), {"url": "http://x"})())
+    member.state = member.state.HEALTHY
+    membership._join = lambda m: asyncio.sleep(0)  # no server to join here
+    membership.quarantine(member, ServerFault("a reply no server sends"))
+    assert member.strikes == 1 and member.last_error == "ServerFault: a reply no server sends"
+    await asyncio.sleep(0)
+
+
+async def test_the_dns_refresh_loop_outlives_any_error(caplog):
+    """Before: one unexpected exception ended the task, and with it every later membership change."""
+
+    class Resolver:
+        calls = 0
+
+        async def resolve(self):
+            Resolver.calls += 1
+            raise RuntimeError("a resolver bug or an answer nobody expected")
+
+    membership = Membership(Resolver(), connect=None, options=PoolOptions(min_resolve_gap=0.0))
+    task = asyncio.create_task(membership._refresh_loop())
+    with caplog.at_level(logging.WARNING, "eagle3_target.client.membership"):
+        for _ in range(3):
+            membership.resolve_now.set()
+            await asyncio.sleep(0.05)
+    assert Resolver.calls >= 2 and not task.done()
+    assert "a resolver bug" in caplog.text
+    task.cancel()
