@@ -42,7 +42,8 @@ def test_own_trainer_learns_from_the_embedded_server_it_starts(tmp_path):
     ("make_data_args", "config", "run_dir", "done_line"),
     [
         ([], "recipe.yaml", "run", "Training complete"),
-        (["--architecture", "qwen3"], "dflash.yaml", "run-dflash", "Saved final checkpoint"),
+        # NeMo's DFlash loop logs its end on the root logger, quiet by default: its checkpoint is the proof.
+        (["--architecture", "qwen3"], "dflash.yaml", "run-dflash", None),
     ],
     ids=["eagle3", "dflash"],
 )
@@ -60,5 +61,5 @@ def test_nemo_recipe_trains_a_draft_on_the_generated_data(
         )
     finally:
         server.kill()
-    assert done_line in done.stdout + done.stderr
+    assert done_line is None or done_line in done.stdout + done.stderr
     assert list((tmp_path / run_dir / "checkpoints").glob("epoch_*_step_*/model/consolidated/*.safetensors"))
