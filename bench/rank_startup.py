@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from packing_throughput import free_port, hf_server  # noqa: E402
+from packing_throughput import hf_server  # noqa: E402
 
 
 def make_data():
@@ -100,7 +100,8 @@ def worker(config: str, per_rank_fetch: bool) -> None:
 
 def torchrun(ranks: int, config: Path, per_rank_fetch: bool) -> tuple[float, list[dict]]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
-    cmd += [f"--master-port={free_port()}", __file__, "--worker", str(config)]
+    # --standalone: torchrun binds its own free rendezvous port (a port picked beforehand can be taken meanwhile)
+    cmd += ["--standalone", __file__, "--worker", str(config)]
     cmd += ["--per-rank-fetch"] if per_rank_fetch else []
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

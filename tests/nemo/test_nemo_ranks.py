@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-from target_support import free_port
 
 from .exactness import make_target, start_fleet, weight_files
 
@@ -37,7 +36,7 @@ def family(request, tmp_path_factory):
 
 def torchrun(family: str, mode: str, root, out, packed: int, endpoints: str = "") -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={RANKS}"]
-    cmd += [f"--master-port={free_port()}", WORKER, family, mode, str(root), str(out), f"--packed={packed}"]
+    cmd += ["--standalone", WORKER, family, mode, str(root), str(out), f"--packed={packed}"]
     cmd += [f"--endpoints={endpoints}"]
     # both runs alike: one intra-op thread per rank, or reductions run in another order
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
