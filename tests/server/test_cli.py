@@ -97,7 +97,10 @@ def test_unloadable_model_exits_non_zero(tmp_path):
 def refused(*args: str) -> str:
     """Run serve with ``args``; it must exit 2 at once with one error line and no traceback."""
     proc = start("--port", str(free_port()), *args)
-    assert proc.wait(timeout=60) == 2
+    try:
+        assert proc.wait(timeout=60) == 2
+    finally:
+        proc.kill()  # one that was not refused is not left serving
     err = proc.stderr.read().decode()
     assert "Traceback" not in err and "listening on" not in err and "loaded" not in err, err
     errors = [line for line in err.splitlines() if "error:" in line]
@@ -238,7 +241,9 @@ def test_serve_names_the_address_it_cannot_bind_and_lets_the_others_go(capsys):
             gc.collect()
         assert code == 2
         assert f"cannot listen on [::1]:{port}" in capsys.readouterr().err
-        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [
+            str(w.message) for w in caught
+        ]
         with socket.create_server(("127.0.0.1", port)):  # the IPv4 socket bound first was closed
             pass
 

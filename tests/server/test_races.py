@@ -50,11 +50,15 @@ async def test_a_vocab_mapping_sent_during_a_forward_leaves_that_forward_the_who
         return build_supervision(logits, aux, ids, torch.ones_like(ids), vocab)
 
     async with serve(lambda: runner) as srv:
-        assert (await srv.post("set_vocab_mapping", vocab_body(old.selected_token_ids, old.selected_token_mask))).status == 200
+        assert (
+            await srv.post("set_vocab_mapping", vocab_body(old.selected_token_ids, old.selected_token_mask))
+        ).status == 200
         runner.armed = True
         running = asyncio.create_task(srv.http.post(f"{srv.url}/generate", data=body))
         assert await asyncio.to_thread(runner.started.wait, 30), "the forward never started"
-        assert (await srv.post("set_vocab_mapping", vocab_body(new.selected_token_ids, new.selected_token_mask))).status == 200
+        assert (
+            await srv.post("set_vocab_mapping", vocab_body(new.selected_token_ids, new.selected_token_mask))
+        ).status == 200
         runner.armed = False
         runner.go.set()
         async with await running as resp:
