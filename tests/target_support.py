@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -21,6 +22,7 @@ from aiohttp import web
 from eagle3_target.protocol import wire
 from eagle3_target.server.app import TargetServer
 from eagle3_target.server.options import ServerOptions
+from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 
 class RunningServer:
@@ -60,6 +62,20 @@ async def serve(loader, options: ServerOptions | None = None, host: str = "127.0
             yield running
         finally:
             await runner.cleanup()
+
+
+class WatchedRunner(SyntheticRunner):
+    """A synthetic runner that tells a test when a forward has begun: once ``armed`` (so the warm-up's forward
+    does not count), each forward sets ``forwarding`` before it runs."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.armed, self.forwarding = False, threading.Event()
+
+    def forward(self, input_ids, attention_mask):
+        if self.armed:
+            self.forwarding.set()
+        return super().forward(input_ids, attention_mask)
 
 
 def served(server: TargetServer, endpoint: str, code: str) -> float:
