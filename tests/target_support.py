@@ -84,6 +84,9 @@ def served(server: TargetServer, endpoint: str, code: str) -> float:
     return server.metrics.registry.get_sample_value("eagle3_target_requests_total", labels) or 0.0
 
 
+PORT_TAKEN = "Address already in use"  # how `serve` ends when its --port was taken
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -94,14 +97,40 @@ class TargetProcess:
     """`eagle3-target serve` in a process of its own (a pod that SIGKILL can take), one torch thread."""
 
     def __init__(self, host: str, *serve_args: str):
-        port = free_port(host)
-        self.url = f"http://{host}:{port}"
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until kill()
-        cmd = [sys.executable, "-m", "eagle3_target.cli", "--log-level", "WARNING", "serve"]
-        cmd += ["--host", host, "--port", str(port), *serve_args]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=env)
+        # free_port() only finds a port free now: another process may take it before the server binds it.
+        # So wait for the server to say it listens, and start it again on another port if it found it taken.
+        for _ in range(5):
+            port = free_port(host)
+            self.url = f"http://{host}:{port}"
+            self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until kill()
+            cmd = [sys.executable, "-m", "eagle3_target.cli", "serve", "--host", host, "--port", str(port)]
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            self.process = subprocess.Popen(
+                [*cmd, *serve_args], stdout=subprocess.DEVNULL, stderr=self.log, env=env
+            )
+            if self._bound(f"listening on {self.url}"):
+                break
+            self.log.close()
+        else:
+            raise RuntimeError(f"five ports in a row were taken before `serve` on {host} could bind one")
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _logs(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def _bound(self, listening: str, timeout: float = 120.0) -> bool:
+        """True once the log says ``listening``; False if the server exited because the port was taken."""
+        deadline = time.monotonic() + timeout
+        while listening not in self._logs():
+            if self.process.poll() is not None:
+                if PORT_TAKEN in self._logs():
+                    return False
+                raise RuntimeError(f"server exited {self.process.returncode}: {self._logs()[-2000:]!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.url}: never listening")
+            time.sleep(0.05)
+        return True
 
     def _get(self, path: str) -> tuple[int, str]:
         with self._http.open(self.url + path, timeout=5) as resp:

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from target_support import free_port
+from target_support import PORT_TAKEN, free_port
 
 WORKER = Path(__file__).with_name("p2p_worker.py")
 P2P_TIMEOUT = 10  # server-side rendezvous and transfer deadline
@@ -48,6 +48,16 @@ class ServerProcess:
 
 
 def start_server(*extra: str) -> ServerProcess:
+    """`serve --engine synthetic` on a free port, ready; started again on another port if the one free_port()
+    found was taken before the server could bind it."""
+    for _ in range(5):
+        started = _start_server(*extra)
+        if started is not None:
+            return started
+    raise AssertionError("five ports in a row were taken before the server could bind one")
+
+
+def _start_server(*extra: str) -> ServerProcess | None:
     port = free_port()
     ports = port_range()
     cmd = [
@@ -71,7 +81,10 @@ def start_server(*extra: str) -> ServerProcess:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode()
+            assert PORT_TAKEN in err, err[-2000:]
+            return None
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
                 if resp.status == 200:

@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 import torch
-from target_support import free_port, generate_body, vocab_body
+from target_support import PORT_TAKEN, free_port, generate_body, vocab_body
 from transformers import LlamaConfig
 
 from eagle3_target.protocol import contract, wire
@@ -32,16 +32,6 @@ def http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
     except OSError:
         return 0, b""
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        if http("GET", f"{url}/health")[0] == 200:
-            return
-        time.sleep(0.2)
-    raise AssertionError("server never became ready")
 
 
 def wait_for(condition, what: str, timeout: float = 30) -> None:
@@ -63,12 +53,27 @@ def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
+def serving(*args: str) -> tuple[subprocess.Popen, int, str]:
+    """`serve` on a free port, ready: (process, port, url). free_port() only finds a port free now, so the
+    server is started again on another one if something took it first."""
+    for _ in range(5):
+        port = free_port()
+        proc = start("--port", str(port), *args)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and http("GET", f"{url}/health")[0] != 200:
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        if proc.poll() is None:
+            return proc, port, url
+        err = proc.stderr.read().decode()
+        assert PORT_TAKEN in err, err
+    raise AssertionError("five ports in a row were taken before the server could bind one")
+
+
 def test_serve_embedded_default_model_and_exit_on_disconnect():
-    port = free_port()
-    proc = start("--port", str(port), "--exit-on-disconnect")
-    url = f"http://127.0.0.1:{port}"
+    proc, port, url = serving("--exit-on-disconnect")
     try:
-        wait_ready(url, proc)
         status, body = http("POST", f"{url}/model_info", b"")
         info = json.loads(body)
         assert status == 200 and info["model"] == "embedded-tiny-llama" and info["aux_layer_ids"] == [1, 3, 4]
@@ -84,11 +89,8 @@ def test_serve_embedded_default_model_and_exit_on_disconnect():
 def test_server_keeps_running_after_disconnect_by_default(tmp_path):
     token = tmp_path / "token"
     token.write_text("abc\n")
-    port = free_port()
-    proc = start("--port", str(port), "--engine", "synthetic", "--auth-token-file", str(token))
-    url = f"http://127.0.0.1:{port}"
+    proc, port, url = serving("--engine", "synthetic", "--auth-token-file", str(token))
     try:
-        wait_ready(url, proc)
         assert http("POST", f"{url}/disconnect", b"{}")[0] == 401
         req = urllib.request.Request(f"{url}/disconnect", data=b"{}", headers={"Authorization": "Bearer abc"})
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -110,12 +112,15 @@ def test_unloadable_model_exits_non_zero(tmp_path):
 
 def refused(*args: str) -> str:
     """Run serve with ``args``; it must exit 2 at once with one error line and no traceback."""
-    proc = start("--port", str(free_port()), *args)
-    try:
-        assert proc.wait(timeout=60) == 2
-    finally:
-        proc.kill()  # one that was not refused is not left serving
-    err = proc.stderr.read().decode()
+    for _ in range(5):  # again on another port if free_port()'s was taken before serve could bind it
+        proc = start("--port", str(free_port()), *args)
+        try:
+            assert proc.wait(timeout=60) == 2
+        finally:
+            proc.kill()  # one that was not refused is not left serving
+        err = proc.stderr.read().decode()
+        if PORT_TAKEN not in err:
+            break
     assert "Traceback" not in err and "listening on" not in err and "loaded" not in err, err
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1, err
@@ -212,11 +217,8 @@ def test_serving_beyond_loopback_without_auth_warns():
 
 def test_the_embedded_model_answers_to_its_name():
     """An Eagle3Target's spec.model cannot be empty, so the operator asks for the embedded model by name."""
-    port = free_port()
-    proc = start("--port", str(port), "--model", "embedded-tiny-llama")
-    url = f"http://127.0.0.1:{port}"
+    proc, port, url = serving("--model", "embedded-tiny-llama")
     try:
-        wait_ready(url, proc)
         status, body = http("POST", f"{url}/model_info", b"")
         assert status == 200 and json.loads(body)["model"] == "embedded-tiny-llama"
     finally:
@@ -226,10 +228,8 @@ def test_the_embedded_model_answers_to_its_name():
 
 def test_serve_binds_each_address_it_is_given():
     """A dual-stack pod passes both of its addresses ($(POD_IPS)): one listening socket each, one server."""
-    port = free_port()
-    proc = start("--host", "127.0.0.1,::1", "--port", str(port), "--engine", "synthetic")
+    proc, port, url = serving("--host", "127.0.0.1,::1", "--engine", "synthetic")
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc)
         assert http("GET", f"http://[::1]:{port}/health")[0] == 200
     finally:
         proc.terminate()
@@ -277,13 +277,8 @@ def test_double_colon_binds_both_families():
 
 
 def test_sigterm_drains_requests_in_flight_and_refuses_new_ones():
-    port = free_port()
-    proc = start(
-        "--port", str(port), "--engine", "synthetic", "--forward-delay", "1.5", "--drain-timeout", "20"
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, port, url = serving("--engine", "synthetic", "--forward-delay", "1.5", "--drain-timeout", "20")
     try:
-        wait_ready(url, proc)
         ids = torch.arange(10)
         mask = torch.zeros(512, dtype=torch.bool)
         mask[ids] = True
@@ -336,10 +331,7 @@ def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
     The exit comes long before --drain-timeout (nothing else is in flight), let alone the
     rendezvous and transfer timeouts.
     """
-    port = free_port()
-    proc = start(
-        "--port",
-        str(port),
+    proc, port, url = serving(
         "--engine",
         "synthetic",
         "--drain-timeout",
@@ -349,9 +341,7 @@ def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
         "--p2p-rendezvous-timeout",
         "120",
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc)
         status, body = init_nccl(url, "ours", {"backend": "gloo", "auth": contract.P2P_AUTH})
         assert status == 200 and json.loads(body)["status"] == "ok", body
         # NeMo's order: its /init_nccl stays open until a rendezvous that never comes.
