@@ -54,7 +54,8 @@ only_mutate = ["src/eagle3_target/$module"]
 pytest_add_cli_args_test_selection = [${selection%, }]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
 process_isolation = "forkserver"  # torch's thread pools are not fork-safe once a test has used them
-timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x
+timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x ...
+timeout_constant = 30.0  # ... but a forked pytest on a busy machine takes seconds to start
 EOF
   (
     cd "$scratch"

@@ -46,6 +46,12 @@ class ServerProcess:
             )
             time.sleep(0.05)
 
+    def wait_metric_at_least(self, name: str, value: float, timeout: float = 60.0, **labels) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric(name, **labels) < value:
+            assert time.monotonic() < deadline, f"{name}{labels} never reached {value}"
+            time.sleep(0.05)
+
 
 def start_server(*extra: str) -> ServerProcess:
     """`serve --engine synthetic` on a free port, ready; started again on another port if the one free_port()

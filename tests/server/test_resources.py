@@ -170,11 +170,13 @@ async def test_health_answers_while_1500_idle_sockets_are_open():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
     # The server starts with the soft limit most images have (1024) and must raise it itself.
     with ServerProcess(dict(vocab_size=64), preexec_fn=_soft_fd_limit(1024)) as srv:
-        idle = []
+        idle, before = [], srv.open_fds()
         try:
             for _ in range(1500):
                 idle.append(socket.create_connection(("127.0.0.1", srv.port)))
-            await asyncio.sleep(1)  # let the server accept them all
+            async with asyncio.timeout(60):  # the server has accepted them all: one descriptor each
+                while srv.open_fds() < before + 1500:
+                    await asyncio.sleep(0.1)
             latency = await health_latency(srv)
             assert latency < 2, f"/health took {latency:.2f}s with 1500 idle sockets open"
         finally:
