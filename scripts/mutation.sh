@@ -21,7 +21,7 @@ hypothesis="--deselect=tests/protocol/test_wire.py::test_fuzzed_buffers_decode_o
 declare -A TESTS=(
   [protocol/wire.py]="tests/protocol/test_wire.py $hypothesis"
   [protocol/encodings.py]="tests/protocol/test_encodings.py tests/protocol/test_supervision.py"
-  [protocol/model_info.py]="tests/protocol/test_contract.py"
+  [protocol/model_info.py]="tests/protocol/test_contract.py tests/protocol/test_model_info.py"
   [protocol/supervision.py]="tests/protocol/test_supervision.py tests/protocol/test_encodings.py"
   [server/request.py]="tests/server/test_bad_input.py"
   [server/sessions.py]="tests/server/test_service.py"
@@ -53,7 +53,6 @@ source_paths = ["src"]
 only_mutate = ["src/eagle3_target/$module"]
 pytest_add_cli_args_test_selection = [${selection%, }]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
-process_isolation = "forkserver"  # torch's thread pools are not fork-safe once a test has used them
 timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x ...
 timeout_constant = 30.0  # ... but a forked pytest on a busy machine takes seconds to start
 EOF
@@ -63,6 +62,9 @@ EOF
     # editable install is imported instead.
     mkdir -p mutants/src
     export PYTHONPATH=$scratch/mutants/src
+    # mutmut forks each mutant's test run from a process that has run the tests: one torch thread, so no
+    # OpenMP pool exists to be broken by the fork.
+    export OMP_NUM_THREADS=1
     mutmut run --max-children "$children" >"$scratch/run.log" 2>&1 || { tail -30 "$scratch/run.log" >&2; exit 1; }
     mutmut export-cicd-stats >/dev/null
     mutmut results >"$scratch/survivors.txt"
