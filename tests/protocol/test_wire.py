@@ -316,6 +316,7 @@ def test_a_streamed_blob_is_read_as_decode_reads_it_at_every_truncation():
     [
         wire.MAGIC_BYTES + b"\x01\0\0\0x\x00" + _entry(b"\xff", 0, [1], 4, b"\0" * 4),
         wire.MAGIC_BYTES + _entry(b"x", 42, [1], 4, b"\0" * 4),
+        wire.MAGIC_BYTES + _entry(b"x", 200, [1], 4, b"\0" * 4),  # a code byte read unsigned
         wire.MAGIC_BYTES + _entry(b"x", 0, [2], 4, b"\0" * 4),
         wire.MAGIC_BYTES + _entry(b"x", 0, [-1], 4, b"\0" * 4),
         wire.MAGIC_BYTES + _entry(b"x", 4, [0, 1 << 62, 4], 0),
