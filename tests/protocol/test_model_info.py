@@ -1,5 +1,6 @@
 """/model_info's reader and writer field by field, the config digest and the aux-layer rules (protocol/model_info.py)."""
 
+import pathlib
 import re
 import types
 
@@ -80,6 +81,10 @@ def test_the_config_digest_ignores_names_and_places_and_nothing_else():
     renamed = {**config, "_name_or_path": "/elsewhere", "torch_dtype": "float16", "dtype": "bfloat16"}
     assert config_digest(renamed) == digest
     assert defining_config(renamed) == config
+    # A value JSON has no type for (a path, a dtype object in some configs) is digested by its text.
+    assert config_digest({**config, "path": pathlib.PurePosixPath("/a")}) == config_digest(
+        {**config, "path": "/a"}
+    )
     for key, value in (("hidden_size", 65), ("rope_theta", 500000.0), ("tie_word_embeddings", True)):
         assert config_digest({**config, key: value}) != digest, key
 
