@@ -55,6 +55,13 @@ def test_a_session_idle_for_exactly_the_ttl_lives_a_moment_longer():
     assert sessions.expire() == [] and len(sessions) == 1
 
 
+def test_a_ttl_under_a_second_still_expires():
+    sessions, clock, _, _ = table(ttl=0.5)
+    sessions.touch("a")
+    clock.now += 0.6
+    assert sessions.expire() == ["a"]
+
+
 @pytest.mark.parametrize("ttl", [0.0, -1.0])
 def test_no_ttl_keeps_sessions_for_ever(ttl):
     sessions, clock, _, ended = table(ttl=ttl)
