@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -21,9 +22,21 @@ P2P_TIMEOUT = 10  # server-side rendezvous and transfer deadline
 
 
 def port_range(size: int = 8) -> tuple[int, int]:
-    """A base in a quiet part of the port space; ports taken by others are skipped by the server anyway."""
-    start = random.randrange(30000, 32000 - size)
-    return start, start + size - 1
+    """A base in a quiet part of the port space whose ports are all free now (other test runs on the machine
+    use the same part); ports taken later by others are skipped by the server anyway."""
+    while True:
+        start = random.randrange(30000, 32000 - size)
+        if all(_free(port) for port in range(start, start + size)):
+            return start, start + size - 1
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class ServerProcess:

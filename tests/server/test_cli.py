@@ -115,7 +115,7 @@ def refused(*args: str) -> str:
     for _ in range(5):  # again on another port if free_port()'s was taken before serve could bind it
         proc = start("--port", str(free_port()), *args)
         try:
-            assert proc.wait(timeout=60) == 2
+            assert proc.wait(timeout=240) == 2  # before any slow work, but imports crawl on a loaded machine
         finally:
             proc.kill()  # one that was not refused is not left serving
         err = proc.stderr.read().decode()
@@ -255,9 +255,9 @@ def test_serve_names_the_address_it_cannot_bind_and_lets_the_others_go(capsys):
             gc.collect()
         assert code == 2
         assert f"cannot listen on [::1]:{port}" in capsys.readouterr().err
-        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [
-            str(w.message) for w in caught
-        ]
+        # Only this socket: gc.collect() also finds what earlier tests left behind.
+        ours = [str(w.message) for w in caught if f"laddr=('127.0.0.1', {port})" in str(w.message)]
+        assert not ours, ours
         with socket.create_server(("127.0.0.1", port)):  # the IPv4 socket bound first was closed
             pass
 
