@@ -154,7 +154,7 @@ def test_refusals_say_what_was_asked_and_what_is_offered():
     assert (
         refusal(LOGITS, [NEMO, HIDDEN], "s") == "s does not offer encoding 'logits' (it offers nemo, hidden)"
     )
-    assert refusal(HIDDEN, [NEMO], "s") == "s does not offer encoding 'hidden' (it offers nemo)"
+    assert refusal(HIDDEN, [NEMO]) == "the server does not offer encoding 'hidden' (it offers nemo)"
     assert refusal(HIDDEN, [NEMO, LOGITS], "s") == (
         "s does not offer encoding 'hidden' (it offers nemo, logits); its target post-processes logits, "
         "so only exact encodings are offered"
