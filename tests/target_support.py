@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -21,6 +22,7 @@ from aiohttp import web
 from eagle3_target.protocol import wire
 from eagle3_target.server.app import TargetServer
 from eagle3_target.server.options import ServerOptions
+from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 
 class RunningServer:
@@ -62,10 +64,27 @@ async def serve(loader, options: ServerOptions | None = None, host: str = "127.0
             await runner.cleanup()
 
 
+class WatchedRunner(SyntheticRunner):
+    """A synthetic runner that tells a test when a forward has begun: once ``armed`` (so the warm-up's forward
+    does not count), each forward sets ``forwarding`` before it runs."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.armed, self.forwarding = False, threading.Event()
+
+    def forward(self, input_ids, attention_mask):
+        if self.armed:
+            self.forwarding.set()
+        return super().forward(input_ids, attention_mask)
+
+
 def served(server: TargetServer, endpoint: str, code: str) -> float:
     """How many requests an in-process server answered on ``endpoint`` with ``code``, from its registry."""
     labels = {"endpoint": endpoint, "code": code}
     return server.metrics.registry.get_sample_value("eagle3_target_requests_total", labels) or 0.0
+
+
+PORT_TAKEN = "Address already in use"  # how `serve` ends when its --port was taken
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -78,14 +97,40 @@ class TargetProcess:
     """`eagle3-target serve` in a process of its own (a pod that SIGKILL can take), one torch thread."""
 
     def __init__(self, host: str, *serve_args: str):
-        port = free_port(host)
-        self.url = f"http://{host}:{port}"
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until kill()
-        cmd = [sys.executable, "-m", "eagle3_target.cli", "--log-level", "WARNING", "serve"]
-        cmd += ["--host", host, "--port", str(port), *serve_args]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=env)
+        # free_port() only finds a port free now: another process may take it before the server binds it.
+        # So wait for the server to say it listens, and start it again on another port if it found it taken.
+        for _ in range(5):
+            port = free_port(host)
+            self.url = f"http://{host}:{port}"
+            self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until kill()
+            cmd = [sys.executable, "-m", "eagle3_target.cli", "serve", "--host", host, "--port", str(port)]
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            self.process = subprocess.Popen(
+                [*cmd, *serve_args], stdout=subprocess.DEVNULL, stderr=self.log, env=env
+            )
+            if self._bound(f"listening on {self.url}"):
+                break
+            self.log.close()
+        else:
+            raise RuntimeError(f"five ports in a row were taken before `serve` on {host} could bind one")
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _logs(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def _bound(self, listening: str, timeout: float = 120.0) -> bool:
+        """True once the log says ``listening``; False if the server exited because the port was taken."""
+        deadline = time.monotonic() + timeout
+        while listening not in self._logs():
+            if self.process.poll() is not None:
+                if PORT_TAKEN in self._logs():
+                    return False
+                raise RuntimeError(f"server exited {self.process.returncode}: {self._logs()[-2000:]!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.url}: never listening")
+            time.sleep(0.05)
+        return True
 
     def _get(self, path: str) -> tuple[int, str]:
         with self._http.open(self.url + path, timeout=5) as resp:

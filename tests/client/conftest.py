@@ -128,9 +128,11 @@ class ServerFarm:
         options: ServerOptions | None = None,
         loader=None,
         server_type: type[TargetServer] = TargetServer,
+        wait: bool = True,
         **runner_options,
     ) -> str:
-        """Start a target server (default: synthetic) and return its URL once it answers /health with 200."""
+        """Start a target server (default: synthetic) and return its URL once it answers /health with 200
+        (at once with ``wait=False``: a server whose model is still loading)."""
         server = server_type(
             loader or (lambda: SyntheticRunner(**runner_options)), options or ServerOptions()
         )
@@ -145,7 +147,8 @@ class ServerFarm:
         runner, bound = self._run(up())
         url = base_url(host, bound)
         self.servers[url] = (server, runner)
-        wait_healthy(url)
+        if wait:
+            wait_healthy(url)
         return url
 
     def server(self, url: str) -> TargetServer:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import torch
-from target_support import free_port, served
+from target_support import served
 
 from eagle3_target.client import (
     BatchFailedError,
@@ -163,7 +164,26 @@ def test_auth_token_from_the_environment(farm, tmp_path, monkeypatch):
 
 
 def test_a_server_still_loading_is_waited_for(farm):
-    port = free_port("127.0.0.2")
-    url = f"http://127.0.0.2:{port}"
-    with pytest.raises(BatchFailedError, match=url):
-        RemoteTargetBackend(url, options=PoolOptions(start_timeout=0.5, backoff_base=0.01))
+    """The constructor waits while the one server answers /health with 503, and returns once it is ready."""
+    loaded = threading.Event()
+
+    def slow_load():
+        assert loaded.wait(30), "the test never let the model load"
+        return SyntheticRunner()
+
+    url = farm.start("127.0.0.2", loader=slow_load, wait=False)
+    server = farm.server(url)
+    made: list[RemoteTargetBackend] = []
+    waiting = threading.Thread(target=lambda: made.append(RemoteTargetBackend(url, options=FAST)))
+    waiting.start()
+    try:
+        wait_until(lambda: served(server, "health", "503") >= 3)  # asked, and asked again, while loading
+        assert waiting.is_alive() and not made
+    finally:
+        loaded.set()
+        waiting.join(30)
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with made[0] as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        inputs = make_batch(0)
+        assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])

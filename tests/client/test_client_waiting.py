@@ -33,13 +33,13 @@ def loading_server(host: str = "127.0.0.2"):
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     runner = web.AppRunner(app, access_log=None)
-    port = free_port(host)
 
-    async def up():
+    async def up() -> int:
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, 0).start()  # the kernel's pick, bound at once: no port to race for
+        return runner.addresses[0][1]
 
-    asyncio.run_coroutine_threadsafe(up(), loop).result(10)
+    port = asyncio.run_coroutine_threadsafe(up(), loop).result(10)
     try:
         yield f"http://{host}:{port}"
     finally:

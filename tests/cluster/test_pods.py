@@ -192,12 +192,17 @@ def run_batches_through_disruptions(kube, node, fleet, dns) -> None:
         finally:
             healed.set()
 
+    submitted = []  # the seed of every batch handed to the client
+
     def inputs():  # batches flow until both disruptions are healed, then 10 more
         seed = 0
         while not healed.is_set():
+            submitted.append(seed)
             yield make_batch(seed)
             seed += 1
-        yield from (make_batch(tail) for tail in range(seed, seed + 10))
+        for tail in range(seed, seed + 10):
+            submitted.append(tail)
+            yield make_batch(tail)
 
     received, fewest_healthy = 0, REPLICAS
     with RemoteTargetBackend(
@@ -218,6 +223,8 @@ def run_batches_through_disruptions(kube, node, fleet, dns) -> None:
     assert not failure, failure
     assert log == [f"replaced {fleet[0]['metadata']['name']}", f"restarted {fleet[1]['metadata']['name']}"]
     assert fewest_healthy < REPLICAS  # the client did lose a server on the way, and carried on
+    # Batch i came back as the i-th result, so as many results as submissions is every batch, once.
+    assert received == len(submitted) and submitted == list(range(received)), (received, len(submitted))
     assert received > 10
     assert all(ready(p) for p in kube.target_pods())
     TIMES["batches through the disruptions"] = received

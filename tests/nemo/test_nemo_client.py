@@ -65,7 +65,9 @@ async def test_generate_bodies_equal_nemos_own_server_logic_byte_for_byte(tiny_m
             assert await resp.read() == nemo.handle_input_embeddings(b"")
 
 
-async def test_unmodified_nemo_client_trains_against_our_server(tiny_model_dir, monkeypatch):
+async def test_unmodified_nemo_client_gets_the_reference_servers_batches_from_ours(
+    tiny_model_dir, monkeypatch
+):
     monkeypatch.setenv("NEMO_EAGLE_ENABLE_NCCL", "0")
     reference = TargetModelServer(
         HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), nccl_port=1
@@ -104,7 +106,7 @@ async def test_unmodified_nemo_client_trains_against_our_server(tiny_model_dir, 
             assert torch.equal(
                 getattr(batch, key), ref[key].bool() if key == "position_mask" else ref[key]
             ), key
-    # And a draft training step runs on it: the probabilities are a proper distribution over the draft vocab.
+    # What a draft's loss takes: a proper distribution over the draft vocab (training on it: tests/nemo/test_nemo_trainer.py).
     probs = got[0].target_probs
     assert probs.shape == (2, 16, 128) and torch.allclose(probs.sum(-1), torch.ones(2, 16))
 

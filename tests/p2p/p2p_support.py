@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -14,16 +15,28 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from target_support import free_port
+from target_support import PORT_TAKEN, free_port
 
 WORKER = Path(__file__).with_name("p2p_worker.py")
 P2P_TIMEOUT = 10  # server-side rendezvous and transfer deadline
 
 
 def port_range(size: int = 8) -> tuple[int, int]:
-    """A base in a quiet part of the port space; ports taken by others are skipped by the server anyway."""
-    start = random.randrange(30000, 32000 - size)
-    return start, start + size - 1
+    """A base in a quiet part of the port space whose ports are all free now (other test runs on the machine
+    use the same part); ports taken later by others are skipped by the server anyway."""
+    while True:
+        start = random.randrange(30000, 32000 - size)
+        if all(_free(port) for port in range(start, start + size)):
+            return start, start + size - 1
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class ServerProcess:
@@ -46,8 +59,24 @@ class ServerProcess:
             )
             time.sleep(0.05)
 
+    def wait_metric_at_least(self, name: str, value: float, timeout: float = 60.0, **labels) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric(name, **labels) < value:
+            assert time.monotonic() < deadline, f"{name}{labels} never reached {value}"
+            time.sleep(0.05)
+
 
 def start_server(*extra: str) -> ServerProcess:
+    """`serve --engine synthetic` on a free port, ready; started again on another port if the one free_port()
+    found was taken before the server could bind it."""
+    for _ in range(5):
+        started = _start_server(*extra)
+        if started is not None:
+            return started
+    raise AssertionError("five ports in a row were taken before the server could bind one")
+
+
+def _start_server(*extra: str) -> ServerProcess | None:
     port = free_port()
     ports = port_range()
     cmd = [
@@ -71,7 +100,10 @@ def start_server(*extra: str) -> ServerProcess:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode()
+            assert PORT_TAKEN in err, err[-2000:]
+            return None
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
                 if resp.status == 200:

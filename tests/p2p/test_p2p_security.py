@@ -182,8 +182,12 @@ def test_sigkilled_clients_lose_their_groups_when_their_heartbeats_stop(fresh_se
     holder = worker("hold", server.url, "--sessions", "8", "--heartbeat", "1")
     read_line(holder, "HELD", timeout=120)
     assert server.metric(HELD) == 8
-    # Heartbeats keep them: the block stays held for longer than the idle timeout.
-    time.sleep(6)
+    # Heartbeats keep them: the block stays held for longer than the idle timeout (six heartbeats per session
+    # at one a second, past the 4 s idle timeout).
+    beats = server.metric("eagle3_target_requests_total", code="200", endpoint="heartbeat")
+    server.wait_metric_at_least(
+        "eagle3_target_requests_total", beats + 6 * 8, code="200", endpoint="heartbeat"
+    )
     assert (
         server.metric(HELD) == 8 and init_nccl(server.url, "newcomer", AUTHENTICATED)[1]["status"] == "failed"
     )

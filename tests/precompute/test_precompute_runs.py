@@ -127,10 +127,12 @@ def test_a_server_killed_mid_run_changes_no_byte(slow_fleet, target, tmp_path):
     flags = ["--skip-config-digest"]
     assert precompute(*argv(server.url, tmp_path / "alone", model, target[1], *flags)) == 0
     victim = TargetProcess("127.0.0.10", "--engine", "synthetic", "--forward-delay", "0.25").wait_ready()
+    at_kill = []  # what the other server had answered when the victim died
 
     def kill_once_it_served() -> None:
         while victim.generated() < 1:
             time.sleep(0.05)
+        at_kill.append(server.generated())
         victim.kill()
 
     killer = threading.Thread(target=kill_once_it_served, daemon=True)
@@ -140,6 +142,8 @@ def test_a_server_killed_mid_run_changes_no_byte(slow_fleet, target, tmp_path):
         assert precompute(*argv(fleet, tmp_path / "failover", model, target[1], *flags)) == 0
         killer.join(10)
         assert victim.process.returncode == -signal.SIGKILL, "the victim must die mid-run"
+        # Mid-run: the other server answered batches of this run after the victim died.
+        assert at_kill and server.generated() > at_kill[0], (at_kill, server.generated())
     finally:
         victim.kill()
     assert cache_files(tmp_path / "failover") == cache_files(tmp_path / "alone")

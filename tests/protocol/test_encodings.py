@@ -142,3 +142,29 @@ def test_negotiation():
         encodings.choose(LOGITS, [NEMO])
     with pytest.raises(encodings.EncodingError, match="unknown encoding 'gzip'"):
         encodings.choose("gzip", [NEMO])
+
+
+def test_refusals_say_what_was_asked_and_what_is_offered():
+    def refusal(*args) -> str:
+        with pytest.raises(encodings.EncodingError) as error:
+            encodings.choose(*args)
+        return str(error.value)
+
+    assert refusal("gzip", [NEMO]) == "unknown encoding 'gzip'; choose auto, nemo, logits, hidden"
+    assert (
+        refusal(LOGITS, [NEMO, HIDDEN], "s") == "s does not offer encoding 'logits' (it offers nemo, hidden)"
+    )
+    assert refusal(HIDDEN, [NEMO]) == "the server does not offer encoding 'hidden' (it offers nemo)"
+    assert refusal(HIDDEN, [NEMO, LOGITS], "s") == (
+        "s does not offer encoding 'hidden' (it offers nemo, logits); its target post-processes logits, "
+        "so only exact encodings are offered"
+    )
+
+
+def test_a_reply_check_names_what_it_found():
+    with pytest.raises(wire.WireError) as error:
+        encodings.check({"a": None, "b": torch.zeros(1), "c": torch.zeros(1)}, {"a": (None, (1,))})
+    assert str(error.value) == "reply lacks 'a' (has ['b', 'c'])"
+    with pytest.raises(wire.WireError) as error:
+        encodings.check({"a": torch.zeros(2)}, {"a": (None, (3,))})
+    assert str(error.value) == "reply 'a' is torch.float32 [2], expected any [3]"

@@ -26,10 +26,11 @@ def test_shift_left_zero_fills():
     assert shift_left(x).tolist() == [[2, 3, 0], [5, 6, 0]]
 
 
+@pytest.mark.parametrize("S", [17, 2, 1])  # down to one position, whose shifted row is all zeros
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_the_literal_spec_bit_for_bit(dtype):
+def test_matches_the_literal_spec_bit_for_bit(dtype, S):
     g = torch.Generator().manual_seed(0)
-    B, S, V, H = 3, 17, 50, 4
+    B, V, H = 3, 50, 4
     logits = torch.randn(B, S, V, generator=g).to(dtype)
     aux = torch.randn(B, S, 3 * H, generator=g).to(dtype)
     input_ids = torch.randint(0, V, (B, S), generator=g)

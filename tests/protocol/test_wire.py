@@ -296,3 +296,91 @@ def test_receive_pool_keeps_at_most_max_free_bytes():
     assert pool.free_bytes == 4 << 20
     again = pool.empty((1 << 20,), torch.float32)
     assert pool.free_bytes == 0 and again.shape == (1 << 20,)
+
+
+def _decoded_or_error(read):
+    try:
+        return {k: None if v is None else (v.dtype, v.tolist()) for k, v in read().items()}
+    except WireError as exc:
+        return str(exc)
+
+
+def test_a_streamed_blob_is_read_as_decode_reads_it_at_every_truncation():
+    """Cut a blob after every byte: read_blob answers as decode does, the same entries or the same error word for
+    word (which field, how many bytes it needs, where, how many are left)."""
+    blob = encode(
+        {
+            "none": None,
+            "ids": torch.tensor([[7, -1], [3, 4]]),
+            "half": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+        }
+    )
+    answers = set()
+    for cut in range(len(blob) + 1):
+        part = blob[:cut]
+        expected = _decoded_or_error(lambda part=part: decode(bytearray(part)))
+        assert _decoded_or_error(lambda part=part: read_streamed(part, chunk=3)) == expected, cut
+        answers.add(expected if isinstance(expected, str) else "decoded")
+    assert "truncated blob: magic needs 4 bytes at offset 0, 3 left" in answers
+    assert "truncated blob: key length needs 4 bytes at offset 4, 2 left" in answers
+    assert "truncated blob: key needs 4 bytes at offset 8, 1 left" in answers
+    for what in ("flags", "dtype", "ndim", "shape", "nbytes", "data"):
+        assert any(a.startswith(f"truncated blob: {what} of 'ids' needs") for a in answers), what
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        wire.MAGIC_BYTES + b"\x01\0\0\0x\x00" + _entry(b"\xff", 0, [1], 4, b"\0" * 4),
+        wire.MAGIC_BYTES + _entry(b"x", 42, [1], 4, b"\0" * 4),
+        wire.MAGIC_BYTES + _entry(b"x", 200, [1], 4, b"\0" * 4),  # a code byte read unsigned
+        wire.MAGIC_BYTES + _entry(b"x", 0, [2], 4, b"\0" * 4),
+        wire.MAGIC_BYTES + _entry(b"x", 0, [-1], 4, b"\0" * 4),
+        wire.MAGIC_BYTES + _entry(b"x", 4, [0, 1 << 62, 4], 0),
+    ],
+)
+def test_read_blob_and_decode_give_the_same_error(blob):
+    assert _decoded_or_error(lambda: read_streamed(blob)) == _decoded_or_error(
+        lambda: decode(bytearray(blob))
+    )
+
+
+def test_the_key_that_is_not_utf8_is_placed():
+    blob = wire.MAGIC_BYTES + _entry(b"ok", 7, [1], 1, b"\x01") + _entry(b"\xff\xfe", 7, [1], 1, b"\x01")
+    offset = len(wire.MAGIC_BYTES + _entry(b"ok", 7, [1], 1, b"\x01")) + 4
+    assert _decoded_or_error(lambda: read_streamed(blob)) == f"key at offset {offset} is not UTF-8"
+    assert _decoded_or_error(lambda: decode(bytearray(blob))) == f"key at offset {offset} is not UTF-8"
+
+
+@pytest.mark.parametrize("count, allowed", [(16, True), (17, False)])
+def test_max_entries_is_the_most_allowed(count, allowed):
+    blob = wire.MAGIC_BYTES + b"".join(struct.pack("<I", 2) + b"%02d" % i + b"\x01" for i in range(count))
+    for read in (
+        lambda: decode(bytearray(blob), max_entries=16),
+        lambda: read_streamed(blob, max_entries=16),
+    ):
+        got = _decoded_or_error(read)
+        assert got == "more than 16 entries" if not allowed else len(got) == count
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.bfloat16, torch.bool])
+def test_receive_pool_sizes_buffers_by_the_dtype(dtype):
+    pool = wire.ReceivePool(min_bytes=1024)
+    tensor = pool.empty((4096,), dtype)
+    assert tensor.shape == (4096,) and tensor.dtype == dtype
+    tensor.fill_(1)
+    del tensor
+    assert pool.free_bytes == 4096 * torch.empty((), dtype=dtype).element_size()
+
+
+def test_receive_pool_limits_are_inclusive_and_free_bytes_add_up():
+    pool = wire.ReceivePool(max_free_bytes=8192, min_bytes=4096)
+    exactly_min = pool.empty((1024,), torch.float32)  # 4096 bytes: pooled
+    another = pool.empty((1024,), torch.float32)
+    del exactly_min
+    assert pool.free_bytes == 4096
+    del another  # 8192 in all: exactly the limit, kept
+    assert pool.free_bytes == 8192
+    below = pool.empty((1023,), torch.float32)
+    del below
+    assert pool.free_bytes == 8192

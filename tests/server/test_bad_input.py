@@ -208,6 +208,16 @@ async def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(
     assert out["target_probs"].shape == (2, 4, 10)
 
 
+@pytest.mark.parametrize(
+    "method, endpoint, allowed",
+    [("GET", "generate", {"POST"}), ("PUT", "model_info", {"POST"}), ("POST", "health", {"GET", "HEAD"})],
+)
+async def test_a_405_says_which_methods_the_endpoint_takes(srv, method, endpoint, allowed):
+    async with srv.http.request(method, f"{srv.url}/{endpoint}") as resp:
+        assert resp.status == 405
+        assert set(resp.headers["Allow"].split(",")) == allowed, resp.headers
+
+
 def _lying_blob(key: bytes, code: int, shape: list[int], nbytes: int) -> bytes:
     return (
         wire.MAGIC_BYTES

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from target_support import generate_body, serve, served, spec_reference, vocab_body
+from target_support import WatchedRunner, generate_body, serve, served, spec_reference, vocab_body
 from transformers import AutoModelForCausalLM
 
 from eagle3_target.protocol import wire
@@ -111,10 +111,12 @@ async def test_vocab_mapping_is_per_session_and_concurrent_clients_get_their_own
 
 
 async def test_other_endpoints_answer_during_a_slow_forward():
-    async with serve(lambda: SyntheticRunner(vocab_size=V, forward_delay=1.5)) as srv:
+    runner = WatchedRunner(vocab_size=V, forward_delay=1.5)
+    async with serve(lambda: runner) as srv:
         await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))
+        runner.armed = True
         slow = asyncio.create_task(srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long))))
-        await asyncio.sleep(0.3)  # the forward is now running on the model thread
+        assert await asyncio.to_thread(runner.forwarding.wait, 30)  # the forward runs on the model thread
         loop = asyncio.get_running_loop()
         for call in (srv.get("health"), srv.get("metrics"), srv.post("heartbeat")):
             start = loop.time()
@@ -205,9 +207,10 @@ async def test_sessions_expire_disconnect_ends_only_the_callers_session():
         assert not srv.server.service.stopped.is_set()
         # Heartbeats keep b alive past the ttl; a stays idle and is expired.
         await srv.post("heartbeat", headers=a)
-        for _ in range(8):
-            await asyncio.sleep(0.5)
-            await srv.post("heartbeat", headers=b)
+        async with asyncio.timeout(30):
+            while "a" in srv.server.service.sessions:
+                await asyncio.sleep(0.1)
+                await srv.post("heartbeat", headers=b)
         assert "b" in srv.server.service.sessions and len(srv.server.service.sessions) == 1
         assert (
             await srv.post("generate", generate_body(torch.zeros(1, 4, dtype=torch.long)), headers=b)
@@ -359,9 +362,10 @@ async def test_a_client_that_hangs_up_is_counted_as_499_and_serving_goes_on(
     caplog, forward_delay, read_first
 ):
     caplog.set_level(logging.DEBUG)
-    runner = lambda: SyntheticRunner(vocab_size=V, hidden_size=2048, forward_delay=forward_delay)  # noqa: E731
-    async with serve(runner) as srv:
+    runner = WatchedRunner(vocab_size=V, hidden_size=2048, forward_delay=forward_delay)
+    async with serve(lambda: runner) as srv:
         await srv.post("set_vocab_mapping", vocab_body(*draft_vocab()))
+        runner.armed = True
         big = generate_body(torch.zeros(4, 1024, dtype=torch.long))  # ~50 MB of supervision
         host, port = srv.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -372,7 +376,7 @@ async def test_a_client_that_hangs_up_is_counted_as_499_and_serving_goes_on(
         if read_first:
             await reader.readexactly(read_first)  # the response has started streaming
         else:
-            await asyncio.sleep(0.3)  # the request is read and the forward runs: no reply yet
+            assert await asyncio.to_thread(runner.forwarding.wait, 30)  # the forward runs: no reply yet
         writer.transport.abort()
         async with asyncio.timeout(10):
             while True:

@@ -77,7 +77,9 @@ async def settle_fds(srv, target: int, seconds: float = 10) -> int:
     return last
 
 
-async def test_responses_of_clients_that_hung_up_are_freed_at_once():
+async def test_responses_of_clients_that_hung_up_are_freed():
+    """Freed, though not at once: RSS is read until it is back near the baseline (glibc returns freed memory
+    to the kernel lazily), for at most 20 s; 48 responses kept would be 14 GB."""
     with ServerProcess(BIG, max_batch_tokens=1 << 20) as srv:
         await set_mapping(srv, V)
         baseline = srv.rss_mb()
@@ -168,11 +170,13 @@ async def test_health_answers_while_1500_idle_sockets_are_open():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
     # The server starts with the soft limit most images have (1024) and must raise it itself.
     with ServerProcess(dict(vocab_size=64), preexec_fn=_soft_fd_limit(1024)) as srv:
-        idle = []
+        idle, before = [], srv.open_fds()
         try:
             for _ in range(1500):
                 idle.append(socket.create_connection(("127.0.0.1", srv.port)))
-            await asyncio.sleep(1)  # let the server accept them all
+            async with asyncio.timeout(60):  # the server has accepted them all: one descriptor each
+                while srv.open_fds() < before + 1500:
+                    await asyncio.sleep(0.1)
             latency = await health_latency(srv)
             assert latency < 2, f"/health took {latency:.2f}s with 1500 idle sockets open"
         finally:

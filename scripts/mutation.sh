@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Mutation testing of the core modules with mutmut (docs/testing.md; too slow for every CI run, so
+# .github/workflows/mutation.yaml runs it weekly). Usage:
+#   scripts/mutation.sh [MODULE ...]    e.g. scripts/mutation.sh protocol/wire.py; no MODULE: all of them
+# Each module runs in a scratch copy of the tree (MUTATION_WORKDIR, default a fresh temporary folder) with the
+# tests that exercise it, and prints "MODULE killed/total = score%"; it fails when a score is under
+# MUTATION_MIN (default 85). mutmut needs `pip install mutmut` beside the dev extra.
+#
+# The mutants must be what the tests import, never an editable install of the tree: mutmut puts the mutated
+# copy (mutants/src) first on sys.path, PYTHONPATH names it for the servers some tests start as subprocesses,
+# and mutmut stops with an error when no test reached a mutant (the sign that another copy was imported).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+# Fast tests (no cluster, no images, few servers) that exercise each module through its callers. mutmut runs,
+# for each mutant, the tests that reached the mutated function; the property tests (seconds of random input
+# each) are left to the ordinary suite.
+hypothesis="--deselect=tests/protocol/test_wire.py::test_fuzzed_buffers_decode_or_raise_wire_error
+  --deselect=tests/protocol/test_wire.py::test_round_trip_property"
+declare -A TESTS=(
+  [protocol/wire.py]="tests/protocol/test_wire.py $hypothesis"
+  [protocol/encodings.py]="tests/protocol/test_encodings.py tests/protocol/test_supervision.py"
+  [protocol/model_info.py]="tests/protocol/test_contract.py tests/protocol/test_model_info.py"
+  [protocol/supervision.py]="tests/protocol/test_supervision.py tests/protocol/test_encodings.py"
+  [server/request.py]="tests/server/test_request.py"
+  [server/sessions.py]="tests/server/test_sessions.py tests/server/test_service.py"
+  [client/membership.py]="tests/client/test_client_membership.py tests/client/test_client_waiting.py"
+  [client/dispatch.py]="tests/client/test_client_failover.py tests/client/test_client_backend.py"
+  [client/body.py]="tests/client/test_client_body.py"
+)
+ORDER=(protocol/wire.py protocol/encodings.py protocol/model_info.py protocol/supervision.py
+  server/request.py server/sessions.py client/membership.py client/dispatch.py client/body.py)
+
+modules=("$@")
+[[ ${#modules[@]} -gt 0 ]] || modules=("${ORDER[@]}")
+workdir=${MUTATION_WORKDIR:-$(mktemp -d)}
+minimum=${MUTATION_MIN:-85}
+children=${MUTATION_CHILDREN:-$(nproc)}
+failed=0
+
+for module in "${modules[@]}"; do
+  tests=${TESTS[$module]:-}
+  [[ -n $tests ]] || { echo "unknown module $module; one of: ${ORDER[*]}" >&2; exit 2; }
+  scratch=$workdir/${module//\//_}
+  rm -rf "$scratch" && mkdir -p "$scratch"
+  cp -r "$root/src" "$root/tests" "$root/pyproject.toml" "$scratch/"
+  selection=$(printf '"%s", ' $tests)
+  cat >>"$scratch/pyproject.toml" <<EOF
+
+[tool.mutmut]
+source_paths = ["src"]
+only_mutate = ["src/eagle3_target/$module"]
+pytest_add_cli_args_test_selection = [${selection%, }]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
+timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x ...
+timeout_constant = 30.0  # ... but a forked pytest on a busy machine takes seconds to start
+EOF
+  (
+    cd "$scratch"
+    # PYTHONPATH names a folder mutmut fills later: create it now, or Python caches it as absent and the
+    # editable install is imported instead.
+    mkdir -p mutants/src
+    export PYTHONPATH=$scratch/mutants/src
+    # mutmut forks each mutant's test run from a process that has run the tests: one torch thread, so no
+    # OpenMP pool exists to be broken by the fork.
+    export OMP_NUM_THREADS=1
+    mutmut run --max-children "$children" >"$scratch/run.log" 2>&1 || { tail -30 "$scratch/run.log" >&2; exit 1; }
+    mutmut export-cicd-stats >/dev/null
+    mutmut results >"$scratch/survivors.txt"
+  ) || { echo "$module: mutmut failed (log: $scratch/run.log)" >&2; failed=1; continue; }
+  read -r killed total < <(python - "$scratch/mutants/mutmut-cicd-stats.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(s["killed"] + s["timeout"] + s["segfault"], s["total"] - s["skipped"])
+EOF
+  )
+  score=$((total ? 100 * killed / total : 100))
+  echo "$module killed $killed/$total = $score% (survivors: $scratch/survivors.txt)"
+  [[ $score -ge $minimum ]] || failed=1
+done
+exit $failed

@@ -1,0 +1,103 @@
+"""/model_info's reader and writer field by field, the config digest and the aux-layer rules (protocol/model_info.py)."""
+
+import pathlib
+import re
+import types
+
+import pytest
+
+from eagle3_target.protocol.model_info import (
+    ModelInfo,
+    ModelInfoError,
+    config_digest,
+    default_aux_layer_ids,
+    defining_config,
+    validate_aux_layer_ids,
+)
+
+NEMO = {"num_hidden_layers": 32, "hidden_size": 4096, "vocab_size": 128256, "aux_layer_ids": [1, 15, 28]}
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("aux_layer_ids", [1, "15", 28], "/model_info aux_layer_ids is not an integer: '15'"),
+        ("aux_layer_ids", [1, 15.0, 28], "/model_info aux_layer_ids is not an integer: 15.0"),
+        ("nccl_port", "8101", "/model_info nccl_port is not an integer: '8101'"),
+        ("nccl_port", False, "/model_info nccl_port is not an integer: False"),
+        ("num_hidden_layers", None, "/model_info lacks"),
+    ],
+)
+def test_each_malformed_field_is_named(field, value, message):
+    doc = {**NEMO, field: value}
+    if value is None:
+        del doc[field]
+    with pytest.raises(ModelInfoError) as error:
+        ModelInfo.from_json(doc)
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_our_fields_are_read_as_their_types():
+    info = ModelInfo.from_json(
+        {
+            **NEMO,
+            "model": 7,
+            "engine": 8,
+            "dtype": 9,
+            "config_digest": 10,
+            "encodings": ("nemo", 3),
+            "nccl_port": 5,
+        }
+    )
+    assert (info.model, info.engine, info.dtype, info.config_digest) == ("7", "8", "9", "10")
+    assert info.encodings == ("nemo", "3") and info.nccl_port == 5 and info.aux_layer_ids == (1, 15, 28)
+
+
+def test_a_null_field_reads_as_absent():
+    info = ModelInfo.from_json({**NEMO, "dtype": None, "nccl_port": None, "encodings": None, "p2p": None})
+    assert info.dtype is None and info.nccl_port is None and info.encodings is None and info.p2p == {}
+    assert info.to_json() == NEMO
+
+
+def test_the_p2p_offer_is_written_as_a_plain_object():
+    info = ModelInfo(32, 4096, 128256, (1, 15, 28), p2p=types.MappingProxyType({"backend": "gloo"}))
+    doc = info.to_json()
+    assert type(doc["p2p"]) is dict and doc["p2p"] == {"backend": "gloo"}
+    assert doc["aux_layer_ids"] == [1, 15, 28] and type(doc["aux_layer_ids"]) is list
+
+
+def test_describe_is_the_identity_on_one_line():
+    info = ModelInfo(32, 4096, 128256, (1, 15, 28), dtype="bfloat16", model="/m")
+    assert info.describe() == (
+        "num_hidden_layers=32, hidden_size=4096, vocab_size=128256, aux_layer_ids=[1, 15, 28], dtype=bfloat16"
+    )
+
+
+def test_the_config_digest_ignores_names_and_places_and_nothing_else():
+    config = {"hidden_size": 64, "vocab_size": 512, "rope_theta": 10000.0}
+    digest = config_digest(config)
+    assert digest == "635260fd77c24248"  # fixed: servers and clients of different releases compare it
+    assert config_digest(dict(reversed(config.items()))) == digest  # key order does not matter
+    renamed = {**config, "_name_or_path": "/elsewhere", "torch_dtype": "float16", "dtype": "bfloat16"}
+    assert config_digest(renamed) == digest
+    assert defining_config(renamed) == config
+    # A value JSON has no type for (a path, a dtype object in some configs) is digested by its text.
+    assert config_digest({**config, "path": pathlib.PurePosixPath("/a")}) == config_digest(
+        {**config, "path": "/a"}
+    )
+    for key, value in (("hidden_size", 65), ("rope_theta", 500000.0), ("tie_word_embeddings", True)):
+        assert config_digest({**config, key: value}) != digest, key
+
+
+@pytest.mark.parametrize("layers, ids", [(32, [1, 15, 28]), (8, [1, 3, 4]), (9, [1, 3, 5])])
+def test_eagle3_default_aux_layers(layers, ids):
+    assert default_aux_layer_ids(layers) == ids
+
+
+def test_aux_layer_ids_are_three_distinct_layers_of_the_model():
+    assert validate_aux_layer_ids(["0", 3, 7.0], 8) == [0, 3, 7]  # both ends of the range
+    for ids in ([1, 2], [1, 2, 3, 4], [1, 1, 2]):
+        with pytest.raises(ValueError, match=re.escape(f"three distinct layer ids, got {ids}")):
+            validate_aux_layer_ids(ids, 8)
+    with pytest.raises(ValueError, match=r"aux_layer_ids \[-1, 8\] out of range for a model with 8 layers"):
+        validate_aux_layer_ids([-1, 3, 8], 8)
