@@ -163,7 +163,8 @@ async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: in
         async with http.post(f"{url}/set_vocab_mapping", data=wire.encode(vocab)) as resp:
             assert resp.status == 200, await resp.text()
         async with http.post(f"{url}/lm_head") as resp:
-            head_rows = (await read_tensors(resp))["weight"].to(device)
+            # our own server on loopback: its Content-Length is the read's limit
+            head_rows = (await read_tensors(resp, resp.content_length))["weight"].to(device)
         for name in ENCODINGS:
             rounds, compute, peaks = [], [], []
             for _ in range(repeats + 1):
@@ -174,7 +175,9 @@ async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: in
                     f"{url}/generate", data=request, headers={contract.ENCODING_HEADER: name}
                 ) as resp:
                     assert resp.status == 200, await resp.text()
-                    tensors = await read_tensors(resp, pin_memory=device.startswith("cuda"))
+                    tensors = await read_tensors(
+                        resp, resp.content_length, pin_memory=device.startswith("cuda")
+                    )
                     timing = parse_server_timing(resp.headers["Server-Timing"])
                 on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
                 ids, loss = (inputs[k].to(device) for k in ("input_ids", "loss_mask"))
@@ -211,7 +214,7 @@ async def two_in_flight(
             f"{url}/generate", data=request, headers={contract.ENCODING_HEADER: name}
         ) as resp:
             assert resp.status == 200, await resp.text()
-            await read_tensors(resp)
+            await read_tensors(resp, resp.content_length)
 
     async def lane(count: int) -> None:
         for _ in range(count):

@@ -35,7 +35,10 @@ async def round_trips(http, url: str, request: bytes, runner, repeats: int, phas
         headers = {contract.FEATURES_HEADER: features.to_header()}
         async with http.post(f"{url}/generate", data=request, headers=headers) as resp:
             assert resp.status == 200, await resp.text()
-            tensors = await read_tensors(resp, pin_memory=runner.info.device.startswith("cuda"))
+            # our own server on loopback: its Content-Length is the read's limit
+            tensors = await read_tensors(
+                resp, resp.content_length, pin_memory=runner.info.device.startswith("cuda")
+            )
             timing = parse_server_timing(resp.headers["Server-Timing"])
         on_device = [v.to(runner.info.device, non_blocking=True) for v in tensors.values()]
         synchronize(runner.info.device)

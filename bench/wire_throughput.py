@@ -155,7 +155,8 @@ async def http_generate(
                     f"{url}/generate", data=request, headers={ENCODING_HEADER: name}
                 ) as resp:
                     assert resp.status == 200, await resp.text()
-                    out = await read_tensors(resp)
+                    # our own server on loopback: its Content-Length is the read's limit
+                    out = await read_tensors(resp, resp.content_length)
                     timing = parse_server_timing(resp.headers["Server-Timing"])
                 elapsed = time.perf_counter() - start
                 encodings.check(out, encodings.expected(name, *dims))
@@ -202,7 +203,7 @@ def _rss_child(url: str, shape: dict, client: str, results) -> None:
             http.post(f"{url}/generate", data=request) as resp,
         ):
             assert resp.status == 200, await resp.text()
-            return await read_tensors(resp)
+            return await read_tensors(resp, resp.content_length)
 
     def fetch(seq: int):
         request = _generate_request(shape, seq)
