@@ -45,7 +45,7 @@ def test_our_fields_are_read_as_their_types():
             "engine": 8,
             "dtype": 9,
             "config_digest": 10,
-            "encodings": ("nemo", 3),
+            "encodings": ["nemo", 3],  # as JSON gives it: a list (a tuple is refused)
             "nccl_port": 5,
         }
     )
