@@ -94,7 +94,10 @@ def worker(config: str, per_rank_fetch: bool) -> None:
     recipe.setup()
     setup = time.perf_counter() - start
     line = {"rank": dist.get_rank(), "setup": setup, "embeddings": fetching["seconds"]}
-    print("RESULT " + json.dumps(line), flush=True)
+    # One write(2) of under PIPE_BUF bytes: the ranks share torchrun's stdout, and print's separate
+    # writes of text and newline interleaved between ranks under load.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"RESULT {json.dumps(line)}\n".encode())
     recipe.target_wrapper.close()
 
 
