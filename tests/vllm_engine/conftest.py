@@ -1,4 +1,5 @@
-"""vLLM tests run in vLLM's own environment (.ci/vllm); without vLLM only test_vllm_optional.py runs."""
+"""vLLM tests run in vLLM's own environment (.ci/vllm); without vLLM only test_vllm_optional.py runs.
+One vllm engine per process (runners/vllm.py): a module closes its engine before the next one loads."""
 
 import os
 
@@ -8,7 +9,9 @@ from eagle3_target.server.runners.tiny import build_tiny_llama
 
 from .vllm_support import VLLM_INSTALLED, VLLM_TINY
 
-collect_ignore = [] if VLLM_INSTALLED else ["test_vllm_engine.py", "test_vllm_server.py"]
+collect_ignore = (
+    [] if VLLM_INSTALLED else ["test_vllm_bfloat16.py", "test_vllm_engine.py", "test_vllm_server.py"]
+)
 
 # A small CPU KV cache: the tests' batches are tiny, and other processes share this machine.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

