@@ -313,13 +313,7 @@ class VLLMRunner(FinalHiddenRunner):
             skip_tokenizer_init=True,
             seed=0,
         )
-        log.info(
-            "loaded %s with vLLM (%s) on %s, tensor parallel %d",
-            model,
-            torch_dtype,
-            device,
-            tensor_parallel_size,
-        )
+        log.info("loaded %s with vLLM (%s) on %s, tp %d", model, torch_dtype, device, tensor_parallel_size)
         return cls(
             llm,
             name=model,
