@@ -121,6 +121,18 @@ def test_resume_refuses_a_cache_made_with_other_settings(slow_fleet, target, tmp
     assert cache_files(tmp_path) == before
 
 
+def test_a_priority_class_the_fleet_does_not_grant_is_refused_in_one_line(
+    slow_fleet, target, tmp_path, capsys
+):
+    server, model = slow_fleet  # grants up to normal, the default
+    assert precompute(
+        *argv(server.url, tmp_path, model, target[1], "--skip-config-digest"), "--priority", "high"
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "priority_not_allowed" in lines[-1] and "up to 'normal'" in lines[-1], lines[-1]
+    assert not any(name.startswith("shard") for name in cache_files(tmp_path))
+
+
 def test_a_server_killed_mid_run_changes_no_byte(slow_fleet, target, tmp_path):
     """Failover under precompute: the batches of a SIGKILLed server go to the other; the cache is the same."""
     server, model = slow_fleet

@@ -90,6 +90,7 @@ class ServerConnection:
         *,
         auth_token: str | None = None,
         timeout: float = 120.0,
+        priority: str | None = None,
     ):
         self.url = url
         self.http = http
@@ -97,6 +98,8 @@ class ServerConnection:
         self.headers = {contract.SESSION_HEADER: session_id}
         if auth_token:
             self.headers["Authorization"] = f"Bearer {auth_token}"
+        if priority:
+            self.headers[contract.PRIORITY_HEADER] = priority
         self.pin_memory = torch.cuda.is_available()  # replies are received into pinned memory for the GPU
 
     def __repr__(self) -> str:

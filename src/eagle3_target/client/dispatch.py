@@ -68,7 +68,14 @@ class TargetPool:
     def _connection(self, url: str, timeout: float | None = None) -> ServerConnection:
         assert self._http is not None
         limit = self.options.request_timeout if timeout is None else timeout
-        return ServerConnection(url, self._http, self.session_id, auth_token=self.auth_token, timeout=limit)
+        return ServerConnection(
+            url,
+            self._http,
+            self.session_id,
+            auth_token=self.auth_token,
+            timeout=limit,
+            priority=self.options.priority,
+        )
 
     # -- lifecycle and views ---------------------------------------------------------------
 

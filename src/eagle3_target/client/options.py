@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3_target.protocol import encodings
+from eagle3_target.protocol import contract, encodings
 from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.features import Features
 
@@ -43,6 +43,9 @@ class PoolOptions:
     features: Features | None = None
     # True: generate_batch may carry NeMo's packing metadata; a server that cannot honour it is refused at join
     packing: bool = False
+    # This job's X-Eagle3-Priority class (contract.PRIORITIES), its share of a server while others wait.
+    # None sends no header: the server's default, "normal". A server that grants less refuses with 403.
+    priority: str | None = None
 
     def __post_init__(self):
         if self.encoding not in encodings.CHOICES:
@@ -51,6 +54,8 @@ class PoolOptions:
             raise ValueError(f"unknown data path {self.data_path!r}; choose {', '.join(DATA_PATHS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown dispatch policy {self.policy!r}; choose {', '.join(POLICIES)}")
+        if self.priority is not None and self.priority not in contract.PRIORITIES:
+            raise ValueError(f"unknown priority {self.priority!r}; choose {', '.join(contract.PRIORITIES)}")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         if self.wait_log_interval <= 0:

@@ -62,6 +62,8 @@ ENCODING_HEADER = "X-Eagle3-Encoding"
 FEATURES_HEADER = "X-Eagle3-Features"
 # Our extension: the priority class of a /generate (low, normal, high), its share while sessions wait.
 PRIORITY_HEADER = "X-Eagle3-Priority"
+# Its classes and their weights: "high" gets twice the model's tokens of "normal" while both wait, "low" half.
+PRIORITIES = {"low": 1, "normal": 2, "high": 4}
 
 NCCL_GROUP_PREFIX = "nemo_eagle_target_transfer_"  # NeMo's p2p group name, then the port
 # Our extension: /init_nccl {"auth": P2P_AUTH} asks for a per-group secret and a proven peer.

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from eagle3_target.exits import CommandError, Exit
-from eagle3_target.protocol.contract import DEFAULT_PORT
+from eagle3_target.protocol.contract import DEFAULT_PORT, PRIORITIES
 
 from .options import (
     DEFAULT_DRAIN_TIMEOUT,
@@ -23,7 +23,6 @@ from .options import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PRIORITY,
     EMBEDDED_MODEL,
-    PRIORITIES,
     ServerOptions,
     UsageError,
 )

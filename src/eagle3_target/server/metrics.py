@@ -7,9 +7,9 @@ import platform
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from eagle3_target.protocol.contract import PRIORITIES
 from eagle3_target.protocol.version import __version__
 
-from .options import PRIORITIES
 from .runners import RunnerInfo
 
 # Seconds: sub-millisecond health checks up to minute-long 32k-token forwards.

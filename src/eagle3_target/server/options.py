@@ -21,9 +21,7 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 DEFAULT_MAX_SESSIONS = 1024
 # /generate requests one session may have waiting for the model; more get 429 + Retry-After.
 DEFAULT_MAX_QUEUED_PER_SESSION = 32
-# Priority classes a /generate may name (X-Eagle3-Priority) and their weights: "high" gets twice the
-# model's tokens of "normal" while both wait, "low" half. A server bounds what it grants (--max-priority).
-PRIORITIES = {"low": 1, "normal": 2, "high": 4}
+# The class of a /generate that names none; a server bounds what it grants (--max-priority, contract.PRIORITIES).
 DEFAULT_PRIORITY = "normal"
 # SIGTERM to exit: fits Kubernetes' default 30 s grace with room for the endpoint update.
 DEFAULT_DRAIN_TIMEOUT = 20.0

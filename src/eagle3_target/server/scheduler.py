@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Gauge, Histogram
 
+from eagle3_target.protocol.contract import PRIORITIES
+
 from .errors import Forbidden, InvalidInput, QueueFull
-from .options import DEFAULT_MAX_QUEUED_PER_SESSION, DEFAULT_PRIORITY, PRIORITIES
+from .options import DEFAULT_MAX_QUEUED_PER_SESSION, DEFAULT_PRIORITY
 
 _EWMA = 0.2  # weight of the newest turn in the mean turn length behind Retry-After
 

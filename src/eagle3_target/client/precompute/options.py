@@ -11,6 +11,7 @@ from pathlib import Path
 
 from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.choices import AUTO, ENCODING_CHOICES, HIDDEN
+from eagle3_target.protocol.contract import PRIORITIES
 
 WORKER_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
 WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Job template sets it)
@@ -166,6 +167,12 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         default=2,
         help="requests per server (default 2: a server runs one and queues the next, so it never waits on "
         "this worker's shard writes)",
+    )
+    p.add_argument(
+        "--priority",
+        choices=tuple(PRIORITIES),
+        help="this job's share of each server while other jobs wait (X-Eagle3-Priority; default: the "
+        "server's, normal). A server that grants less refuses the batches",
     )
     p.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds to find a ready server (default 300)"

@@ -63,6 +63,7 @@ def connect(args: argparse.Namespace, token: str | None, features=None) -> Remot
         max_in_flight=args.max_in_flight,
         hedge_after=args.hedge_after,
         encoding=args.encoding,
+        priority=args.priority,
     )
     backend = RemoteTargetBackend(
         args.endpoints, auth_token=token, nameserver=args.nameserver, options=options, features=features
