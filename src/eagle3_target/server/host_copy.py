@@ -71,17 +71,19 @@ class CudaStreams:
 
 def _project_and_copy(project: Projection, side: torch.cuda.Stream) -> Reply:
     with torch.cuda.stream(side):  # the current stream is per thread: the copy thread's is the side one
-        reply = project()
-        host = {}
-        for key, tensor in reply.items():
-            if not tensor.is_cuda:
-                host[key] = tensor
-                continue
-            source = tensor.contiguous()
-            host[key] = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-            _copy_in_pieces(host[key].view(-1), source.view(-1), side)
-        # the device tensors may go when this returns: nothing queued on the side stream still reads them
-        side.synchronize()
+        try:
+            reply = project()
+            host = {}
+            for key, tensor in reply.items():
+                if not tensor.is_cuda:
+                    host[key] = tensor
+                    continue
+                source = tensor.contiguous()
+                host[key] = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+                _copy_in_pieces(host[key].view(-1), source.view(-1), side)
+        finally:
+            # the device tensors may go when this returns (or raises): nothing queued still reads them
+            side.synchronize()
     return host
 
 

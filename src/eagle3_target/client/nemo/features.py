@@ -1,10 +1,11 @@
 """The target side of NeMo's recipes that take more than EAGLE-3's supervision (DSpark, EAGLE-1/2, P-EAGLE).
 
 Each family asks the fleet for the target features its trainer consumes (decoder-layer outputs, the
-post-norm last hidden state, full-vocabulary logits) and fetches once per job, at setup, the target weights
-it copies or applies on the trainer (input embeddings, lm_head: its family's ``weights``; ranks.py). What NeMo's co-located wrapper derives from those
-(left shifts, concatenations, the lm_head matmul) is done here on the trainer's device with the same
-ops, so a batch is bit-identical to NeMo's when the fleet's forward is.
+post-norm last hidden state, full-vocabulary logits) and fetches once per job, at setup, the target
+weights it copies or applies on the trainer (input embeddings, lm_head: its family's ``weights``, however
+many ranks run; ranks.py). What NeMo's co-located wrapper derives from those (left shifts,
+concatenations, the lm_head matmul) is done here on the trainer's device with the same ops, so a batch
+is bit-identical to NeMo's when the fleet's forward is.
 """
 
 from __future__ import annotations
