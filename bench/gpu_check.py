@@ -21,10 +21,11 @@ Measured, with the HF runner in bf16:
   memory included) / bare - 1 ("server_overhead" is nemo's); and in steady state: seconds per batch
   with two requests in flight (the send of one overlaps the next forward) / bare - 1, which the
   loopback wire bounds;
-- the model's overhead with two requests in flight, before and after the copy to host memory left
-  the turn at the model (host_copy.py): the service driven directly, no wire, the copy waited for
-  inside the turn ("copy_in_turn", as before) and beside the next forward ("copy_overlapped");
-  seconds per batch / bare - 1, goal <= 5% for every encoding at the 8B shape (--layers 32);
+- the model's overhead with two requests in flight, before and after the reply's projection (the
+  encoding) and its copy to host memory left the turn at the model (host_copy.py): the service
+  driven directly, no wire, both waited for inside the turn ("copy_in_turn", as before) and run on
+  a side stream beside the next forward ("copy_overlapped"); seconds per batch / bare - 1, goal
+  <= 5% for every encoding at the 8B shape (--layers 32);
 - the device-to-host copy of a "nemo" reply's size into pageable and into pinned memory (GB/s);
 - peak GPU memory while the server computes a batch;
 - bf16 supervision against a float32 reference (same weights, first sequence of the batch): max

@@ -9,6 +9,7 @@ Writes OUT/rank<R>.pt: every micro-batch loss of this rank, its draft after trai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from tests.nemo import exactness  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 
 FAMILIES = {
     "eagle3": exactness.Family(
@@ -33,7 +35,26 @@ FAMILIES = {
             draft_num_hidden_layers=1, block_size=4, num_anchors=8, mask_token_id=3, attention_backend="sdpa"
         ),
     ),
+    # the embeddings and the lm_head, copied into the draft at setup; flex attention switched to sdpa after
+    # setup() in both runs (no CPU backward in torch 2.13)
+    "dspark": exactness.Family(
+        "TrainDSparkRecipe",
+        "nemo_automodel.recipes.llm.train_dspark",
+        dict(
+            draft_num_hidden_layers=1,
+            target_layer_ids=[-1, 3, 7],
+            block_size=4,
+            num_anchors=8,
+            mask_token_id=3,
+            markov_rank=16,
+        ),
+        after_setup=lambda recipe: setattr(recipe.draft_model.config, "_attn_implementation", "sdpa"),
+    ),
 }
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def main() -> None:
@@ -47,8 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     family = FAMILIES[args.family]
     if args.packed:
-        family = exactness.Family(
-            family.recipe, family.nemo_module, {**family.recipe_args, "packed_sequence_size": args.packed}
+        family = dataclasses.replace(
+            family, recipe_args={**family.recipe_args, "packed_sequence_size": args.packed}
         )
     root = args.target
     if args.mode == "colocated":
@@ -67,11 +88,14 @@ def main() -> None:
     start = time.perf_counter()
     recipe.setup()
     setup_seconds = time.perf_counter() - start
+    if family.after_setup is not None:
+        family.after_setup(recipe)
     recipe.trainer_module.register_forward_hook(
         lambda _m, _i, out: losses.append(out.loss.detach().float().clone())
     )
     recipe.run_train_validation_loop()
-    draft = {k: v.detach().clone() for k, v in recipe.draft_model.state_dict().items()}
+    # FSDP2 (DSpark) shards the draft as DTensors: gathered whole on every rank, in the same order
+    draft = {k: full(v).detach().clone() for k, v in recipe.draft_model.state_dict().items()}
     result = {"losses": torch.stack(losses), "draft": draft, "setup_seconds": setup_seconds}
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
 

@@ -1,8 +1,9 @@
-"""Data-parallel ranks under torchrun (--nproc-per-node 2): NeMo's EAGLE-3 and DFlash recipes through our
-subclasses against two servers train bit for bit as NeMo's co-located run with two ranks, padded and packed:
-every micro-batch loss and the final draft of each rank. Each rank is its own client session; the target's
-weights cross the network once per job (rank 0 fetches, the others receive them over the trainer's group),
-and the trainer's copy of the target has no weight file.
+"""Data-parallel ranks under torchrun (--nproc-per-node 2): NeMo's EAGLE-3 and DFlash recipes (padded and
+packed) and its DSpark recipe (padded; a feature-capture family) through our subclasses against two servers
+train bit for bit as NeMo's co-located run with two ranks: every micro-batch loss and the final draft of each
+rank. Each rank is its own client session; the target's weights cross the network once per job (rank 0
+fetches, the others receive them over the trainer's group), and the trainer's copy of the target has no
+weight file.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from .exactness import make_target, start_fleet, weight_files
 
 WORKER = os.path.join(os.path.dirname(__file__), "ranks_worker.py")
 RANKS = 2
-ARCHITECTURE = {"eagle3": "llama", "dflash": "qwen3"}
+ARCHITECTURE = {"eagle3": "llama", "dflash": "qwen3", "dspark": "qwen3"}
 # the one-time weights each family's trainer asks for: (endpoint label, requests per job)
-WEIGHT_FETCHES = {"eagle3": ("input_embeddings", 1), "dflash": ("weights", 2)}
+WEIGHT_FETCHES = {"eagle3": ("input_embeddings", 1), "dflash": ("weights", 2), "dspark": ("weights", 2)}
+CASES = [("eagle3", 0), ("eagle3", 64), ("dflash", 0), ("dflash", 64), ("dspark", 0)]
 
 
-@pytest.fixture(scope="module", params=["eagle3", "dflash"])
+@pytest.fixture(scope="module")
 def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     make_target(root, ARCHITECTURE[request.param], chats=32)
@@ -53,7 +55,12 @@ def served(server, endpoint: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-@pytest.mark.parametrize("packed", [0, 64], ids=["padded", "packed"])
+@pytest.mark.parametrize(
+    ("family", "packed"),
+    CASES,
+    ids=[f"{name}-{'packed' if packed else 'padded'}" for name, packed in CASES],
+    indirect=["family"],
+)
 def test_two_ranks_train_bit_identically_to_nemos_colocated_ranks(family, packed, tmp_path):
     name, root, servers = family
     endpoint, per_job = WEIGHT_FETCHES[name]

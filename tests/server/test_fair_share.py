@@ -1,5 +1,6 @@
 """Fair share on a real server: the per-session queue cap's 429 + Retry-After, priority classes, the queue
-metrics; and the copy to host memory overlapped with the next forward, through a fake copy stream."""
+metrics; and a reply's projection and copy to host memory overlapped with the next forward, through a fake
+side stream."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 from target_support import generate_body, serve, vocab_body
 
-from eagle3_target.protocol import contract
+from eagle3_target.protocol import capture, contract, encodings
+from eagle3_target.protocol.features import LOGITS_FULL, Features
 from eagle3_target.server.host_copy import HostCopier
 from eagle3_target.server.metrics import ServerMetrics
 from eagle3_target.server.options import ServerOptions
@@ -22,21 +24,28 @@ MAPPING = vocab_body(torch.arange(8), torch.arange(V) < 8)
 
 
 class LoggedRunner(SyntheticRunner):
-    """Logs each forward by its first token id; a forward after warm-up waits until ``go`` is set, and
-    the second one sets ``second``."""
+    """Logs each forward (or feature capture) by its first token id; one after warm-up waits until ``go``
+    is set, and the second one sets ``second``."""
 
     def __init__(self, log: list, go: threading.Event | None = None, second: threading.Event | None = None):
         super().__init__(vocab_size=V, dtype="float32")
         self.log, self.go, self.second = log, go, second
 
     def forward(self, input_ids, attention_mask):
+        self._logged(input_ids)
+        return super().forward(input_ids, attention_mask)
+
+    def capture(self, inputs, want):
+        self._logged(inputs.input_ids)
+        return super().capture(inputs, want)
+
+    def _logged(self, input_ids) -> None:
         if input_ids.shape[1] > 8:  # warm-up forwards have 8 tokens
             self.log.append(("forward", int(input_ids[0, 0])))
             if self.second is not None and len(self.log) == 2:
                 self.second.set()
             if self.go is not None:
                 self.go.wait(30)
-        return super().forward(input_ids, attention_mask)
 
 
 def ids(first: int) -> torch.Tensor:
@@ -89,41 +98,51 @@ async def test_priority_classes_are_checked_against_the_servers_bound():
 
 
 class FakeStreams:
-    """A copy stream on the CPU, as host_copy.Streams: copies run in the order enqueued, when an event
-    covering them is waited for, and not before ``gate`` opens (or 5 s pass, so a copy kept inside
-    the turn shows up as the wrong order in the log instead of a hang)."""
+    """A side stream on the CPU, as host_copy.Streams: each reply's projection and copy run in the order
+    they were asked for, when a result covering them is waited for, and not before ``gate`` opens (or 5 s
+    pass, so work kept inside the turn shows up as the wrong order in the log instead of a hang)."""
 
     def __init__(self, log: list, gate: threading.Event):
         self.log, self.gate = log, gate
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.done = self.events = 0
+        self.pending: list = []
+        self.results: list[dict[str, torch.Tensor]] = []
         self.lock = threading.Lock()
 
-    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        host = torch.full_like(tensor, 7)  # garbage until the copy runs
-        self.pending.append((host, tensor))
-        return host
-
-    def record(self):
-        self.events += 1
-        return FakeEvent(self, len(self.pending), self.events)
+    def run(self, project, device):
+        assert torch.device(device).type == "cpu"
+        self.pending.append(project)
+        return FakeDone(self, len(self.pending))
 
 
-class FakeEvent:
-    def __init__(self, streams: FakeStreams, mark: int, number: int):
-        self.streams, self.mark, self.number = streams, mark, number
+class FakeDone:
+    def __init__(self, streams: FakeStreams, number: int):
+        self.streams, self.number = streams, number
 
-    def synchronize(self) -> None:
+    def result(self) -> dict[str, torch.Tensor]:
         s = self.streams
         s.gate.wait(5)
         with s.lock:
-            for host, source in s.pending[s.done : self.mark]:
-                host.copy_(source)
-            s.done = max(s.done, self.mark)
-            s.log.append(("copied", self.number))
+            while len(s.results) < self.number:
+                reply = s.pending[len(s.results)]()
+                s.results.append({k: v.clone() for k, v in reply.items()})
+                s.log.append(("copied", len(s.results)))
+        return s.results[self.number - 1]
 
 
-async def two_requests(overlap: bool) -> tuple[list, list]:
+def logging_projections(monkeypatch, log: list) -> None:
+    """Log each projection (an encoding, a feature reply's assembly) by its batch's first token id."""
+    for module, name in ((encodings, "encode"), (capture, "reply")):
+        original = getattr(module, name)
+
+        def logged(*args, original=original, **kwargs):
+            input_ids = next(a for a in args if isinstance(a, torch.Tensor) and a.dtype == torch.long)
+            log.append(("projected", int(input_ids[0, 0])))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, logged)
+
+
+async def two_requests(overlap: bool, features: str | None, monkeypatch) -> tuple[list, list]:
     log, gate = [], threading.Event()
     svc = TargetService(
         lambda: LoggedRunner(log, second=gate), ServerOptions(overlap_host_copy=overlap), ServerMetrics()
@@ -132,12 +151,13 @@ async def two_requests(overlap: bool) -> tuple[list, list]:
     answers = []
 
     async def one(session: str, first: int) -> None:
-        request = GenerateRequest(session, bytearray(generate_body(ids(first))))
+        request = GenerateRequest(session, bytearray(generate_body(ids(first))), features=features)
         async with svc.generate(request) as answer:
             answers.append((first, answer.supervision, answer.timings))
 
     async with svc.running():
         await until(lambda: svc.status() == "ok")
+        logging_projections(monkeypatch, log)  # after the warm-up's
         for session in ("a", "b"):
             await svc.set_vocab_mapping(session, bytearray(MAPPING))
         first = asyncio.create_task(one("a", 1))
@@ -146,13 +166,34 @@ async def two_requests(overlap: bool) -> tuple[list, list]:
     return log, answers
 
 
+FEATURES = Features(layers=(0, 1), final_hidden=True, logits=LOGITS_FULL, shift=True).to_header()
+
+
+@pytest.mark.parametrize("features", [None, FEATURES], ids=["encoding", "features"])
 @pytest.mark.parametrize("overlap", [True, False])
-async def test_the_copy_to_host_runs_beside_the_next_forward_in_order_and_exact(overlap):
-    log, answers = await two_requests(overlap)
-    if overlap:  # the second forward starts while the first reply is still being copied
-        assert log == [("forward", 1), ("forward", 2), ("copied", 1), ("copied", 2)]
-    else:  # the baseline waits for the copy inside the turn
-        assert log == [("forward", 1), ("copied", 1), ("forward", 2), ("copied", 2)]
+async def test_the_projection_and_copy_run_beside_the_next_forward_in_order_and_exact(
+    overlap, features, monkeypatch
+):
+    log, answers = await two_requests(overlap, features, monkeypatch)
+    if overlap:  # the second forward starts before the first reply is projected, let alone copied
+        assert log == [
+            ("forward", 1),
+            ("forward", 2),
+            ("projected", 1),
+            ("copied", 1),
+            ("projected", 2),
+            ("copied", 2),
+        ]
+    else:  # the baseline waits for the projection and the copy inside the turn
+        assert log == [
+            ("forward", 1),
+            ("projected", 1),
+            ("copied", 1),
+            ("forward", 2),
+            ("projected", 2),
+            ("copied", 2),
+        ]
+    monkeypatch.undo()
     reference = TargetService(
         lambda: SyntheticRunner(vocab_size=V, dtype="float32"), ServerOptions(), ServerMetrics()
     )
@@ -160,11 +201,12 @@ async def test_the_copy_to_host_runs_beside_the_next_forward_in_order_and_exact(
         await until(lambda: reference.status() == "ok")
         await reference.set_vocab_mapping("r", bytearray(MAPPING))
         for first, supervision, timings in answers:
-            async with reference.generate(GenerateRequest("r", bytearray(generate_body(ids(first))))) as want:
+            body = bytearray(generate_body(ids(first)))
+            async with reference.generate(GenerateRequest("r", body, features=features)) as want:
                 assert supervision.keys() == want.supervision.keys()
                 for key, value in want.supervision.items():
                     assert torch.equal(supervision[key], value), (first, key)
-            assert "copy" in timings
+            assert {"forward", "projection", "copy"} <= timings.keys()
 
 
 def test_the_serve_flags_reach_the_scheduler():

@@ -4,6 +4,7 @@ capture turned into the reply (protocol/capture.py). No HTTP here, as in the ser
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -43,19 +44,27 @@ def capture(
     features: Features,
     vocab: VocabMapping | None,
     timings: dict[str, float],
-) -> dict[str, torch.Tensor]:
-    """On the model thread: one capture of what ``features`` ask, assembled into the reply on the device."""
+) -> Callable[[], dict[str, torch.Tensor]]:
+    """On the model thread: one capture of what ``features`` ask; returns the reply's assembly on the device
+    (its "projection" phase), which the service runs after the turn, beside the next forward."""
     device = runner.info.device
     start = time.perf_counter()
     forward = ForwardInputs(**{k: inputs[k].to(device) for k in FORWARD_KEYS if inputs.get(k) is not None})
     got = runner.capture(forward, Capture.of(features))
-    if torch.device(device).type == "cuda":  # the forward's time, not the next phase's
+    loss_mask = inputs["loss_mask"].to(device)  # queued before the assembly, on the compute stream
+    cuda = torch.device(device).type == "cuda"
+    if cuda:  # the forward's time, not the next phase's (every stream: an engine may compute on its own)
         torch.cuda.synchronize(device)
     timings["forward"] = time.perf_counter() - start
-    start = time.perf_counter()
-    loss_mask = inputs["loss_mask"].to(device)
-    out = reply.reply(
-        features, got.hidden_states, got.final_hidden, got.logits, forward.input_ids, loss_mask, vocab
-    )
-    timings["projection"] = time.perf_counter() - start
-    return out
+
+    def assemble() -> dict[str, torch.Tensor]:
+        start = time.perf_counter()
+        out = reply.reply(
+            features, got.hidden_states, got.final_hidden, got.logits, forward.input_ids, loss_mask, vocab
+        )
+        if cuda:  # on the stream it ran on (the copy's side stream after the turn)
+            torch.cuda.current_stream(device).synchronize()
+        timings["projection"] = time.perf_counter() - start
+        return out
+
+    return assemble

@@ -15,7 +15,9 @@ from .runners import RunnerInfo
 # Seconds: sub-millisecond health checks up to minute-long 32k-token forwards.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-# "copy": to host memory, after the turn at the model (see host_copy.py); on a CPU target it is ~0.
+# "projection": the encoding (or a feature reply's assembly), on a GPU after the turn at the model, on a
+# side stream; "copy": the wait for the reply in host memory after its projection (see host_copy.py);
+# on a CPU target both run in the turn and the copy is ~0.
 GENERATE_PHASES = ("decode", "forward", "projection", "copy", "encode", "send")
 SEND_PATHS = ("wire", "p2p")  # the HTTP body, or the session's p2p group (gloo or NCCL)
 

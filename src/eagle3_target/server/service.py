@@ -343,8 +343,8 @@ def _warm_up(runner: TargetRunner) -> None:
 
 
 def _supervise(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] | PendingCopy:
-    """On the model thread: forward, projection into the encoding, and (for the wire) the start of
-    the copy to host memory, which the caller waits for after the turn (host_copy.py)."""
+    """On the model thread: the forward. For the wire the projection into the encoding runs after the turn,
+    beside the next forward, then the copy to host memory (host_copy.py); p2p sends from the device."""
     runner, inputs = job.runner, job.inputs
     device = runner.info.device
     start = time.perf_counter()
@@ -356,33 +356,35 @@ def _supervise(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] 
         logits, aux, hidden = runner.forward_hidden(input_ids, attention_mask, **packed)
     else:
         logits, aux = runner.forward(input_ids, attention_mask, **packed)
-    if logits.is_cuda:  # CUDA runs ahead of the host: wait, or the forward's time lands in the projection's
-        torch.cuda.synchronize(logits.device)
+    loss_mask = inputs["loss_mask"].to(device)  # queued on the compute stream, before the projection
+    if torch.device(device).type == "cuda":  # CUDA runs ahead of the host: the forward's time is its own
+        torch.cuda.synchronize(device)  # every stream: an engine may compute on its own
     job.timings["forward"] = time.perf_counter() - start
-    start = time.perf_counter()
-    loss_mask = inputs["loss_mask"].to(device)
-    supervision = encodings.encode(job.encoding, logits, aux, input_ids, loss_mask, job.vocab, hidden)
-    del logits, hidden
-    if input_ids.is_cuda:  # as for the forward: the projection's GPU time is its own, not the copy's
-        torch.cuda.synchronize(input_ids.device)
-    # The p2p path sends straight from the runner's device.
-    result = copier.start(supervision) if copier else {k: v.contiguous() for k, v in supervision.items()}
-    job.timings["projection"] = time.perf_counter() - start
-    return result
+
+    def project() -> dict[str, torch.Tensor]:
+        start = time.perf_counter()
+        reply = encodings.encode(job.encoding, logits, aux, input_ids, loss_mask, job.vocab, hidden)
+        if torch.device(device).type == "cuda":  # on its stream (the side one after the turn): its own time
+            torch.cuda.current_stream(device).synchronize()
+        job.timings["projection"] = time.perf_counter() - start
+        return reply
+
+    if copier is not None:
+        return copier.start(project, device)
+    return {k: v.contiguous() for k, v in project().items()}
 
 
 def _capture(job: _Job, copier: HostCopier | None) -> dict[str, torch.Tensor] | PendingCopy:
-    """On the model thread: the feature request's capture and reply; for the wire, its copy to host memory."""
-    out = features.capture(job.runner, job.inputs, job.features, job.vocab, job.timings)
-    start = time.perf_counter()
-    result = copier.start(out) if copier else out
-    job.timings["projection"] += time.perf_counter() - start
-    return result
+    """On the model thread: the feature request's capture; its reply's assembly and copy to host memory
+    run after the turn (feature replies go over the wire only)."""
+    assemble = features.capture(job.runner, job.inputs, job.features, job.vocab, job.timings)
+    return copier.start(assemble, job.runner.info.device) if copier else assemble()
 
 
 async def _arrived(pending: PendingCopy, timings: dict[str, float]) -> dict[str, torch.Tensor]:
-    """The reply in host memory, once its copy is done: waited for off the event loop."""
+    """The reply in host memory, once its projection and copy are done: waited for off the event loop.
+    "copy" is the wait after the projection ended (the projection has its own phase)."""
     start = time.perf_counter()
     host = pending.wait() if pending.done else await asyncio.to_thread(pending.wait)
-    timings["copy"] = time.perf_counter() - start
+    timings["copy"] = time.perf_counter() - max(start, pending.projected_at or start)
     return host

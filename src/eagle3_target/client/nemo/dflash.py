@@ -9,8 +9,6 @@ recipe, plus the ``remote_target:`` section (remote.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import AutoConfig
 
@@ -19,9 +17,8 @@ from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_H
 
 from ..backend import RemoteTargetBackend
 from ._imports import nemo_module
-from .backend import split_options
+from .features import open_backend
 from .prefetch import PrefetchedBatches, depth_setting
-from .ranks import fetched_once
 from .remote import RemoteTargetSection
 
 _target = nemo_module("components.speculative.dflash.target")
@@ -99,11 +96,10 @@ class RemoteDFlashTarget:
         self.backend.close()
 
 
-def frozen_weights(backend: RemoteTargetBackend, model: RemoteTargetModel, device: torch.device) -> None:
-    """The embeddings and the lm_head, fetched once onto the trainer's device, frozen as NeMo freezes them."""
-    # once per job: rank 0 fetches, torchrun's other ranks receive them (ranks.py)
-    embed = fetched_once(lambda: backend.target_weight(WEIGHT_INPUT_EMBEDDINGS), device).to(device)
-    head = fetched_once(lambda: backend.target_weight(WEIGHT_LM_HEAD), device).to(device)
+def frozen_weights(model: RemoteTargetModel, weights: dict[str, torch.Tensor], device: torch.device) -> None:
+    """The embeddings and the lm_head (open_backend's, fetched once per job onto the trainer's device),
+    frozen as NeMo freezes them."""
+    embed, head = weights[WEIGHT_INPUT_EMBEDDINGS], weights[WEIGHT_LM_HEAD]
     model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
     # skip_init: a Linear's own init would draw from torch's global RNG, which NeMo's recipe draws the draft's
     # initial weights from next; the co-located recipe draws nothing here.
@@ -160,26 +156,15 @@ class RemoteDFlashRecipe(RemoteTargetSection):
         return int(_target.resolve_text_config(self.target_model.config.get_text_config()).num_hidden_layers)
 
     def _build_target_wrapper(self, target_layer_ids: list[int]) -> RemoteDFlashTarget:
-        kwargs, wait_timeout = self.remote_target
-        options: dict[str, Any] = dict(kwargs)
-        endpoints, token = options.pop("endpoints"), options.pop("auth_token")
-        pool, backend_kwargs = split_options(options)
-        backend_kwargs.setdefault("device", self.device)
-        backend = RemoteTargetBackend(
-            endpoints,
-            auth_token=token,
-            options=pool,
-            features=(self.family.compact if self.compact else self.family.ask)(
-                target_layer_ids, self.num_target_layers()
-            ),
-            **backend_kwargs,
+        backend, weights = open_backend(
+            self.family,
+            self.device,
+            self.remote_target,
+            target_layer_ids,
+            self.num_target_layers(),
+            self.compact,
         )
-        try:
-            backend.wait_for_servers(wait_timeout)
-            frozen_weights(backend, self.target_model, self.device)
-        except BaseException:
-            backend.close()
-            raise
+        frozen_weights(self.target_model, weights, self.device)
         prefetched = PrefetchedBatches(backend, self.prefetch_depth)
         return RemoteDFlashTarget(backend, target_layer_ids, prefetched, self.target_model, self.compact)
 

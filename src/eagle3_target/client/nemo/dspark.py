@@ -38,8 +38,10 @@ BUILDER_MODEL_TYPES = frozenset(
 class RemoteDSparkTarget(FeatureTarget):
     """Duck-typed as NeMo's HFDSparkTargetModel."""
 
-    def __init__(self, backend, device: torch.device, prefetch_depth, *, target_layer_ids, num_layers: int):
-        super().__init__(backend, device, prefetch_depth)
+    def __init__(
+        self, backend, weights, device: torch.device, prefetch_depth, *, target_layer_ids, num_layers
+    ):
+        super().__init__(backend, weights, device, prefetch_depth)
         self.target_layer_ids = list(target_layer_ids)
         self.num_layers = num_layers
 
@@ -94,10 +96,15 @@ class TrainDSparkRecipe(RemoteTargetSection, _dspark.TrainDSparkRecipe):
         config = config_only.config
         num_layers = int((getattr(config, "text_config", None) or config).num_hidden_layers)
         layer_ids = _common.validate_target_layer_ids(list(target_layer_ids), num_layers)
-        features = by_recipe("TrainDSparkRecipe").ask(layer_ids, num_layers)
-        backend = open_backend(features, self.device, self.remote_target)
+        family = by_recipe("TrainDSparkRecipe")
+        backend, weights = open_backend(family, self.device, self.remote_target, layer_ids, num_layers)
         return RemoteDSparkTarget(
-            backend, self.device, self.prefetch_depth, target_layer_ids=layer_ids, num_layers=num_layers
+            backend,
+            weights,
+            self.device,
+            self.prefetch_depth,
+            target_layer_ids=layer_ids,
+            num_layers=num_layers,
         )
 
     def run_train_validation_loop(self):

@@ -31,8 +31,8 @@ _target = nemo_module("components.speculative.eagle.target_v12")
 class RemoteEagleTarget(FeatureTarget):
     """Duck-typed as NeMo's HFEagleTargetModel."""
 
-    def __init__(self, backend, device: torch.device, prefetch_depth=None, *, compact=False):
-        super().__init__(backend, device, prefetch_depth)
+    def __init__(self, backend, weights, device: torch.device, prefetch_depth=None, *, compact=False):
+        super().__init__(backend, weights, device, prefetch_depth)
         self.compact = compact
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
@@ -72,10 +72,9 @@ class RemoteEagle1Recipe(RemoteTargetSection):
         self.target_wrapper.prefetched.wrap_loaders(self)
 
     def _fleet_wrapper(self, _config_only_target) -> RemoteEagleTarget:
-        eagle1 = by_recipe(type(self).__name__)
-        features = (eagle1.compact if self.compact else eagle1.ask)((), 0)
-        backend = open_backend(features, self.device, self.remote_target)
-        return RemoteEagleTarget(backend, self.device, self.prefetch_depth, compact=self.compact)
+        family = by_recipe(type(self).__name__)
+        backend, weights = open_backend(family, self.device, self.remote_target, compact=self.compact)
+        return RemoteEagleTarget(backend, weights, self.device, self.prefetch_depth, compact=self.compact)
 
     def run_train_validation_loop(self):
         try:

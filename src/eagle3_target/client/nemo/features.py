@@ -1,24 +1,28 @@
 """The target side of NeMo's recipes that take more than EAGLE-3's supervision (DSpark, EAGLE-1/2, P-EAGLE).
 
 Each family asks the fleet for the target features its trainer consumes (decoder-layer outputs, the
-post-norm last hidden state, full-vocabulary logits) and fetches once the target weights it copies or
-applies on the trainer (input embeddings, lm_head). What NeMo's co-located wrapper derives from those
-(left shifts, concatenations, the lm_head matmul) is done here on the trainer's device with the same
-ops, so a batch is bit-identical to NeMo's when the fleet's forward is.
+post-norm last hidden state, full-vocabulary logits) and fetches once per job, at setup, the target
+weights it copies or applies on the trainer (input embeddings, lm_head: its family's ``weights``, however
+many ranks run; ranks.py). What NeMo's co-located wrapper derives from those (left shifts,
+concatenations, the lm_head matmul) is done here on the trainer's device with the same ops, so a batch
+is bit-identical to NeMo's when the fleet's forward is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
+from eagle3_target.protocol.families import Family
+from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
 from ..backend import RemoteTargetBackend
 from ..handles import MappedHandle
 from .backend import split_options
 from .prefetch import PrefetchedBatches, packing
+from .ranks import fetched_weights
 
 
 def shift_left(tensor: torch.Tensor) -> torch.Tensor:
@@ -43,23 +47,38 @@ def dspark_context(
     return torch.cat(pieces, dim=-1)
 
 
-def open_backend(features: Features, device: torch.device, remote_target: tuple[dict[str, Any], float]):
-    """RemoteTargetBackend asking the fleet for ``features``, from RemoteTargetSection.remote_target,
-    once every server that discovery found has joined (or failed to)."""
+def one_time_weights(family: Family, compact: bool) -> tuple[str, ...]:
+    """The weights a family's trainer reads: those it declares, and the lm_head a compact request applies."""
+    extra = (WEIGHT_LM_HEAD,) if compact and WEIGHT_LM_HEAD not in family.weights else ()
+    return family.weights + extra
+
+
+def open_backend(
+    family: Family,
+    device: torch.device,
+    remote_target: tuple[dict[str, Any], float],
+    layers: Sequence[int] = (),
+    num_layers: int = 0,
+    compact: bool = False,
+) -> tuple[RemoteTargetBackend, dict[str, torch.Tensor]]:
+    """RemoteTargetBackend asking the fleet for what ``family`` asks (its compact request if ``compact``),
+    from RemoteTargetSection.remote_target, once every server that discovery found has joined (or failed
+    to); and the family's one-time weights on ``device``, fetched once per job however many ranks run."""
     kwargs, wait_timeout = remote_target
     options = dict(kwargs)
     endpoints, token = options.pop("endpoints"), options.pop("auth_token")
     pool, backend_kwargs = split_options(options)
     backend_kwargs.setdefault("device", device)
+    features = (family.compact if compact else family.ask)(layers, num_layers)
     backend = RemoteTargetBackend(
         endpoints, auth_token=token, options=pool, features=features, **backend_kwargs
     )
     try:
         backend.wait_for_servers(wait_timeout)
+        return backend, fetched_weights(backend, one_time_weights(family, compact), device)
     except BaseException:
         backend.close()
         raise
-    return backend
 
 
 class FeatureTarget:
@@ -69,20 +88,29 @@ class FeatureTarget:
     takes replies that a PrefetchingLoader asked for ahead (prefetch.py), in the loop's order.
     """
 
-    def __init__(self, backend, device: torch.device, prefetch_depth: int | None = None):
+    def __init__(
+        self,
+        backend,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        prefetch_depth: int | None = None,
+    ):
         self.backend = backend
         self.device = device
         self.prefetched = PrefetchedBatches(backend, prefetch_depth)
-        self._weights: dict[str, torch.Tensor] = {}
+        self._weights = weights  # open_backend's, fetched at setup on every rank alike
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
         raise NotImplementedError
 
-    # -- weights, fetched once onto the trainer's device --------------------------------------
+    # -- weights, fetched once per job onto the trainer's device at setup ----------------------
 
     def weight(self, name: str) -> torch.Tensor:
+        # Never fetched here, later: under torchrun a fetch is a collective every rank must join at once.
         if name not in self._weights:
-            self._weights[name] = self.backend.target_weight(name).to(self.device)
+            raise KeyError(
+                f"target weight {name!r} is not one this family fetches ({', '.join(self._weights)})"
+            )
         return self._weights[name]
 
     def get_input_embeddings(self) -> torch.nn.Embedding:

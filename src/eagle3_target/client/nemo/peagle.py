@@ -26,8 +26,8 @@ _target = nemo_module("components.speculative.eagle.target")
 class RemotePEagleTarget(FeatureTarget):
     """Duck-typed as NeMo's HFEagle3TargetModel: an Eagle3TargetBatch with full-vocabulary ``logits``."""
 
-    def __init__(self, backend, device: torch.device, *, compact: bool = False):
-        super().__init__(backend, device)
+    def __init__(self, backend, weights, device: torch.device, *, compact: bool = False):
+        super().__init__(backend, weights, device)
         self.compact = compact
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
@@ -49,8 +49,5 @@ def open_peagle_target(remote_target, device: torch.device, aux_layer_ids, num_l
     if aux_layer_ids is None:
         aux_layer_ids = _target.default_eagle3_aux_layer_ids(num_layers)
     layers = _target.validate_eagle3_aux_layer_ids(aux_layer_ids, num_layers)
-    peagle = family("peagle")
-    backend = open_backend(
-        (peagle.compact if compact else peagle.ask)(layers, num_layers), device, remote_target
-    )
-    return RemotePEagleTarget(backend, device, compact=compact)
+    backend, weights = open_backend(family("peagle"), device, remote_target, layers, num_layers, compact)
+    return RemotePEagleTarget(backend, weights, device, compact=compact)

@@ -7,7 +7,7 @@ group (NCCL on GPUs, gloo on CPU), so start-up does not grow with the rank count
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -32,3 +32,11 @@ def fetched_once(fetch: Callable[[], torch.Tensor], device: torch.device | str |
     buffer = weight.to(carrier) if weight is not None else torch.empty(shape, dtype=dtype, device=carrier)
     dist.broadcast(buffer, src=0)
     return buffer
+
+
+def fetched_weights(backend, names: Iterable[str], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The target weights ``names`` on ``device``, each fetched once per job (`fetched_once`), in the
+    given order: every family's one-time weights come through here, so no adapter holds rank code."""
+    return {
+        name: fetched_once(lambda name=name: backend.target_weight(name), device).to(device) for name in names
+    }
