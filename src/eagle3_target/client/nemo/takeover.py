@@ -8,6 +8,7 @@ config, never its weights) and their target-wrapper class gives ours.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 
 from transformers import AutoConfig
@@ -32,15 +33,21 @@ class ConfigOnlyLoader:
         return ConfigOnlyTarget(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
 
 
+# One swap at a time: two of our recipes set up at once in threads would otherwise restore each other's
+# stand-ins, or NeMo's classes while the other still needs ours.
+_SWAP = threading.Lock()
+
+
 @contextlib.contextmanager
 def fleet_target(module, wrapper_name: str, make_wrapper: Callable):
     """Within: ``module``'s NeMoAutoModelForCausalLM loads configs only and ``module.<wrapper_name>(...)``
     is ``make_wrapper(...)``."""
-    saved = {name: getattr(module, name) for name in ("NeMoAutoModelForCausalLM", wrapper_name)}
-    module.NeMoAutoModelForCausalLM = ConfigOnlyLoader
-    setattr(module, wrapper_name, make_wrapper)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
+    with _SWAP:
+        saved = {name: getattr(module, name) for name in ("NeMoAutoModelForCausalLM", wrapper_name)}
+        module.NeMoAutoModelForCausalLM = ConfigOnlyLoader
+        setattr(module, wrapper_name, make_wrapper)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(module, name, value)
