@@ -18,6 +18,9 @@ root=$PWD
 # each) are left to the ordinary suite.
 hypothesis="--deselect=tests/protocol/test_wire.py::test_fuzzed_buffers_decode_or_raise_wire_error
   --deselect=tests/protocol/test_wire.py::test_round_trip_property"
+# The pool's tests with in-process servers (the hostile-server tier runs its trainer in a subprocess, whose
+# calls mutmut cannot attribute to a test).
+pool="tests/client/test_client_backend.py tests/client/test_client_discovery.py tests/client/test_client_faults.py"
 declare -A TESTS=(
   [protocol/wire.py]="tests/protocol/test_wire.py $hypothesis"
   [protocol/encodings.py]="tests/protocol/test_encodings.py tests/protocol/test_supervision.py"
@@ -25,8 +28,8 @@ declare -A TESTS=(
   [protocol/supervision.py]="tests/protocol/test_supervision.py tests/protocol/test_encodings.py"
   [server/request.py]="tests/server/test_request.py"
   [server/sessions.py]="tests/server/test_sessions.py tests/server/test_service.py"
-  [client/membership.py]="tests/client/test_client_membership.py tests/client/test_client_waiting.py"
-  [client/dispatch.py]="tests/client/test_client_failover.py tests/client/test_client_backend.py"
+  [client/membership.py]="$pool tests/client/test_client_membership.py tests/client/test_client_waiting.py"
+  [client/dispatch.py]="$pool tests/client/test_client_failover.py"
   [client/body.py]="tests/client/test_client_body.py"
 )
 ORDER=(protocol/wire.py protocol/encodings.py protocol/model_info.py protocol/supervision.py

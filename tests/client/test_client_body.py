@@ -8,7 +8,6 @@ import gzip
 import socket
 import ssl
 import struct
-import subprocess
 
 import aiohttp
 import pytest
@@ -19,6 +18,8 @@ from eagle3_target.client import body, limits
 from eagle3_target.client.connection import ServerConnection
 from eagle3_target.client.errors import ReplyTooLarge, ServerFault
 from eagle3_target.protocol import wire
+
+from .hostile_server import self_signed
 
 LIMIT = 1 << 30
 
@@ -234,17 +235,8 @@ async def test_a_small_body_arriving_after_its_headers_keeps_its_connection():
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A self-signed certificate for 127.0.0.1: the server's context and a client's that trusts it."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    return server, ssl.create_default_context(cafile=str(cert))
+    cert, server = self_signed(tmp_path_factory.mktemp("tls"))
+    return server, ssl.create_default_context(cafile=cert)
 
 
 async def test_a_large_body_over_tls_goes_through_aiohttps_parser_and_keeps_its_connection(tls):
