@@ -14,6 +14,7 @@ from eagle3_target.client import (
     ModelMismatchError,
     PoolOptions,
     RemoteTargetBackend,
+    RequestRejected,
     ServerError,
 )
 from eagle3_target.server.options import ServerOptions
@@ -123,6 +124,20 @@ def test_client_errors_are_raised_at_once_not_retried(farm):
         assert error.value.status == 422 and error.value.error == "token_out_of_range"
         assert served(farm.server(url), "generate", "422") == 1
         assert backend.healthy_servers == 1  # a bad batch does not make the server look sick
+
+
+def test_a_mapping_every_server_refuses_is_raised_in_the_servers_words_and_quarantines_none(farm):
+    urls = [farm.start("127.0.0.2"), farm.start("127.0.0.3")]
+    vocab = draft_vocab()
+    with RemoteTargetBackend(urls, options=FAST) as backend:
+        assert backend.wait_for_servers(timeout=15) == 2
+        with pytest.raises(RequestRejected) as error:
+            backend.set_vocab_mapping(vocab.selected_token_ids + 10_000, vocab.selected_token_mask)
+        rejected = error.value
+        assert rejected.url in urls and rejected.path == "set_vocab_mapping"
+        assert (rejected.status, rejected.error) == (422, "token_out_of_range")
+        assert "10000" in rejected.detail, rejected.detail
+        assert backend.healthy_servers == 2  # the mapping was at fault, not the servers
 
 
 def test_generate_before_vocab_mapping_is_a_clear_error(farm):
