@@ -20,7 +20,8 @@ hypothesis="--deselect=tests/protocol/test_wire.py::test_fuzzed_buffers_decode_o
   --deselect=tests/protocol/test_wire.py::test_round_trip_property"
 # The pool's tests with in-process servers (the hostile-server tier runs its trainer in a subprocess, whose
 # calls mutmut cannot attribute to a test).
-pool="tests/client/test_client_backend.py tests/client/test_client_discovery.py tests/client/test_client_faults.py"
+pool="tests/client/test_client_backend.py tests/client/test_client_discovery.py tests/client/test_client_faults.py
+  tests/client/test_client_features.py"
 declare -A TESTS=(
   [protocol/wire.py]="tests/protocol/test_wire.py $hypothesis"
   [protocol/encodings.py]="tests/protocol/test_encodings.py tests/protocol/test_supervision.py"
