@@ -71,13 +71,21 @@ def test_a_server_that_keeps_failing_waits_longer_each_time_before_it_rejoins():
     assert delays == sorted(delays) and delays[0] == pytest.approx(0.2) and delays[-1] == 60.0
 
 
-async def test_quarantine_counts_strikes():
+async def test_quarantine_counts_strikes(caplog):
     membership = Membership(resolver=None, connect=None, options=PoolOptions(readmit_backoff_max=0.01))
     member = Member(conn=type("Conn", (), {"url": "http://x"})())
     member.state = member.state.HEALTHY
     membership._join = lambda m: asyncio.sleep(0)  # no server to join here
-    membership.quarantine(member, ServerFault("a reply no server sends"))
-    assert member.strikes == 1 and member.last_error == "ServerFault: a reply no server sends"
+    with caplog.at_level(logging.WARNING, "eagle3_target.client.membership"):
+        membership.quarantine(member, ServerFault("a reply no server sends"))
+        assert member.strikes == 1 and member.last_error == "ServerFault: a reply no server sends"
+        member.state = member.state.HEALTHY  # it rejoined, and fails again
+        membership.quarantine(member, TimeoutError())
+    assert member.strikes == 2 and member.state == MemberState.QUARANTINED
+    assert caplog.messages == [
+        "quarantining http://x: ServerFault: a reply no server sends",
+        "quarantining http://x: TimeoutError",
+    ]
     await asyncio.sleep(0)
 
 
@@ -117,12 +125,14 @@ def test_an_unresolvable_name_is_named_with_the_resolvers_words():
         key, socket.gaierror(socket.EAI_NONAME, "Name or service not known")
     )
     assert short(lookup) == "cannot connect to pods.example:8000: Name or service not known"
+    wordless = aiohttp.ClientConnectorError(key, OSError("no route to the pods"))  # no code, no strerror
+    assert short(wordless) == "cannot connect to pods.example:8000: no route to the pods"
 
 
 def test_a_failure_is_one_short_line():
     assert short(TimeoutError()) == "TimeoutError"
     assert short(ServerFault("x" * 287)) == "ServerFault: " + "x" * 287  # 300 characters: kept whole
-    assert short(ServerFault("x" * 400)) == "ServerFault: " + "x" * 287 + "..."
+    assert short(ServerFault("x" * 288)) == "ServerFault: " + "x" * 287 + "..."
 
 
 async def test_a_429_rests_a_member_unquarantined_and_says_so_once(caplog):
