@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -138,6 +139,24 @@ def test_a_mapping_every_server_refuses_is_raised_in_the_servers_words_and_quara
         assert (rejected.status, rejected.error) == (422, "token_out_of_range")
         assert "10000" in rejected.detail, rejected.detail
         assert backend.healthy_servers == 2  # the mapping was at fault, not the servers
+
+
+def test_a_server_refusing_batches_another_serves_is_the_one_quarantined(farm, caplog):
+    """A 4xx about the request is the request's fault only if every server says so: here a server with a
+    16-token cap refuses 32-token batches the other serves, so it is the odd one out."""
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    strict = farm.start("127.0.0.2", options=ServerOptions(max_batch_tokens=16))
+    lenient = farm.start("127.0.0.3")
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with RemoteTargetBackend([strict, lenient], options=FAST) as backend:
+        assert backend.wait_for_servers(timeout=15) == 2
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        for seed in range(4):  # dispatch takes turns: some go to the strict server first
+            inputs = make_batch(seed)
+            assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+        assert served(farm.server(strict), "generate", "413") >= 1
+        assert f"quarantining {strict}: ServerFault: refused a request {lenient} served" in caplog.messages
+        assert backend.pool.failovers >= 1
 
 
 def test_generate_before_vocab_mapping_is_a_clear_error(farm):
