@@ -221,3 +221,27 @@ def test_a_server_still_loading_is_waited_for(farm):
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         inputs = make_batch(0)
         assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+
+
+def test_waiting_for_servers_waits_for_those_still_joining_and_names_the_unhealthy(farm, caplog):
+    """wait_for_servers gives up on a server still loading after its timeout, saying which servers are not
+    healthy and why; once that server loads, it returns as the server joins, quietly."""
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    loaded = threading.Event()
+
+    def slow_load():
+        assert loaded.wait(30), "the test never let the model load"
+        return SyntheticRunner()
+
+    ready = farm.start("127.0.0.2")
+    loading = farm.start("127.0.0.3", loader=slow_load, wait=False)
+    with RemoteTargetBackend([ready, loading], options=FAST) as backend:
+        try:
+            assert backend.wait_for_servers(timeout=0.5) == 1  # the loading one cannot join before we say so
+        finally:
+            loaded.set()
+        said = f"1 of 2 target servers healthy: {ready} healthy; {loading} joining (ServerError: "
+        assert [m.startswith(said) for m in caplog.messages] == [True], caplog.messages
+        caplog.clear()
+        assert backend.wait_for_servers(timeout=60) == 2
+        assert caplog.messages == []
