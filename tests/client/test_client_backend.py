@@ -252,14 +252,17 @@ def test_waiting_for_servers_waits_for_those_still_joining_and_names_the_unhealt
         assert caplog.messages == []
 
 
-def test_a_server_gone_between_heartbeats_is_quarantined_with_the_reason(farm, caplog):
+def test_a_server_gone_between_heartbeats_is_quarantined_with_the_reason_and_rejoins(farm, caplog):
     caplog.set_level(logging.WARNING, logger="eagle3_target.client")
     url = farm.start("127.0.0.2")
     options = PoolOptions(start_timeout=10.0, backoff_base=0.01, backoff_max=0.2, heartbeat_interval=0.05)
     with RemoteTargetBackend(url, options=options) as backend:
+        assert served(farm.server(url), "model_info", "200") == 1  # the join used the first probe's answer
         farm.stop(url)
         wait_until(lambda: backend.healthy_servers == 0)
         said = [m.removeprefix(f"quarantining {url}: ") for m in caplog.messages if url in m]
         # refused, or cut off if a heartbeat was in flight as the server stopped
         refused = f"cannot connect to {url.removeprefix('http://')}: Connection refused"
         assert len(said) == 1 and said[0].startswith((refused, "ServerDisconnectedError")), said
+        farm.start("127.0.0.2", int(url.rsplit(":", 1)[1]))  # back: it joins again, through /health
+        wait_until(lambda: backend.healthy_servers == 1)

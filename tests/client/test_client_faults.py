@@ -149,3 +149,7 @@ async def test_a_429_rests_a_member_unquarantined_and_says_so_once(caplog):
     assert before + 5.0 <= member.rest_until <= after + 5.0
     assert member.state == MemberState.HEALTHY and member.strikes == 0
     assert caplog.messages == ["http://x asks us to wait 5.0s (429)"]
+
+
+def test_an_empty_pool_says_it_has_no_servers():
+    assert Membership(resolver=None, connect=None, options=PoolOptions()).describe() == "no servers"

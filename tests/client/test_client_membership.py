@@ -73,7 +73,11 @@ def test_a_server_that_joins_later_with_another_model_is_refused(farm, dns_serve
         dns_server.set_a(SERVICE, ["127.0.0.2", "127.0.0.3"])  # a pod with another model joins the Service
         wait_until(lambda: any(m.startswith(f"refusing {other}: ") for m in caplog.messages))
         assert "hidden_size" in caplog.text
-        assert "hidden_size" in backend.pool.describe_members().partition(f"{other} refused (")[2]
+        members = backend.pool.describe_members()
+        assert (
+            "hidden_size" in members.partition(f"{other} refused (")[2]
+            and members.count(f"{other} refused") == 1
+        )
         for seed in range(4):
             inputs = make_batch(seed)
             assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
