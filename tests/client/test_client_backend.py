@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -14,6 +15,7 @@ from eagle3_target.client import (
     ModelMismatchError,
     PoolOptions,
     RemoteTargetBackend,
+    RequestRejected,
     ServerError,
 )
 from eagle3_target.server.options import ServerOptions
@@ -125,6 +127,38 @@ def test_client_errors_are_raised_at_once_not_retried(farm):
         assert backend.healthy_servers == 1  # a bad batch does not make the server look sick
 
 
+def test_a_mapping_every_server_refuses_is_raised_in_the_servers_words_and_quarantines_none(farm):
+    urls = [farm.start("127.0.0.2"), farm.start("127.0.0.3")]
+    vocab = draft_vocab()
+    with RemoteTargetBackend(urls, options=FAST) as backend:
+        assert backend.wait_for_servers(timeout=15) == 2
+        with pytest.raises(RequestRejected) as error:
+            backend.set_vocab_mapping(vocab.selected_token_ids + 10_000, vocab.selected_token_mask)
+        rejected = error.value
+        assert (rejected.url, rejected.path) == (urls[0], "set_vocab_mapping")  # the first server's words
+        assert (rejected.status, rejected.error) == (422, "token_out_of_range")
+        assert "10000" in rejected.detail, rejected.detail
+        assert backend.healthy_servers == 2  # the mapping was at fault, not the servers
+
+
+def test_a_server_refusing_batches_another_serves_is_the_one_quarantined(farm, caplog):
+    """A 4xx about the request is the request's fault only if every server says so: here a server with a
+    16-token cap refuses 32-token batches the other serves, so it is the odd one out."""
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    strict = farm.start("127.0.0.2", options=ServerOptions(max_batch_tokens=16))
+    lenient = farm.start("127.0.0.3")
+    runner, vocab = SyntheticRunner(), draft_vocab()
+    with RemoteTargetBackend([strict, lenient], options=FAST) as backend:
+        assert backend.wait_for_servers(timeout=15) == 2
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        for seed in range(4):  # dispatch takes turns: some go to the strict server first
+            inputs = make_batch(seed)
+            assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+        refused = served(farm.server(strict), "generate", "413")
+        assert refused >= 1 and backend.pool.failovers == refused  # each refusal moved on once
+        assert f"quarantining {strict}: ServerFault: refused a request {lenient} served" in caplog.messages
+
+
 def test_generate_before_vocab_mapping_is_a_clear_error(farm):
     url = farm.start("127.0.0.2")
     with (
@@ -147,6 +181,11 @@ def test_deadline_names_every_server_tried(farm):
             backend.generate_batch(*make_batch(0))
         assert time.monotonic() - start < 5
         assert all(url in str(error.value) for url in urls), str(error.value)
+        assert str(error.value).startswith("/generate found no server within 2s; tried: ")
+        with pytest.raises(BatchFailedError, match="^/input_embeddings found no server within 2s; tried: "):
+            backend.get_input_embeddings()
+        with pytest.raises(BatchFailedError, match="^/weights/lm_head found no server within 2s; tried: "):
+            backend.target_weight("lm_head")
 
 
 def test_auth_token_from_the_environment(farm, tmp_path, monkeypatch):
@@ -187,3 +226,43 @@ def test_a_server_still_loading_is_waited_for(farm):
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         inputs = make_batch(0)
         assert_batch_matches(backend.generate_batch(*inputs), expected(runner, vocab, *inputs), inputs[1])
+
+
+def test_waiting_for_servers_waits_for_those_still_joining_and_names_the_unhealthy(farm, caplog):
+    """wait_for_servers gives up on a server still loading after its timeout, saying which servers are not
+    healthy and why; once that server loads, it returns as the server joins, quietly."""
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    loaded = threading.Event()
+
+    def slow_load():
+        assert loaded.wait(30), "the test never let the model load"
+        return SyntheticRunner()
+
+    ready = farm.start("127.0.0.2")
+    loading = farm.start("127.0.0.3", loader=slow_load, wait=False)
+    with RemoteTargetBackend([ready, loading], options=FAST) as backend:
+        try:
+            assert backend.wait_for_servers(timeout=0.5) == 1  # the loading one cannot join before we say so
+        finally:
+            loaded.set()
+        said = f"1 of 2 target servers healthy: {ready} healthy; {loading} joining (ServerError: "
+        assert [m.startswith(said) for m in caplog.messages] == [True], caplog.messages
+        caplog.clear()
+        assert backend.wait_for_servers(timeout=60) == 2
+        assert caplog.messages == []
+
+
+def test_a_server_gone_between_heartbeats_is_quarantined_with_the_reason_and_rejoins(farm, caplog):
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    url = farm.start("127.0.0.2")
+    options = PoolOptions(start_timeout=10.0, backoff_base=0.01, backoff_max=0.2, heartbeat_interval=0.05)
+    with RemoteTargetBackend(url, options=options) as backend:
+        assert served(farm.server(url), "model_info", "200") == 1  # the join used the first probe's answer
+        farm.stop(url)
+        wait_until(lambda: backend.healthy_servers == 0)
+        said = [m.removeprefix(f"quarantining {url}: ") for m in caplog.messages if url in m]
+        # refused, or cut off if a heartbeat was in flight as the server stopped
+        refused = f"cannot connect to {url.removeprefix('http://')}: Connection refused"
+        assert len(said) == 1 and said[0].startswith((refused, "ServerDisconnectedError")), said
+        farm.start("127.0.0.2", int(url.rsplit(":", 1)[1]))  # back: it joins again, through /health
+        wait_until(lambda: backend.healthy_servers == 1)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
+import ssl
+import struct
 
 import aiohttp
 import pytest
@@ -15,6 +18,8 @@ from eagle3_target.client import body, limits
 from eagle3_target.client.connection import ServerConnection
 from eagle3_target.client.errors import ReplyTooLarge, ServerFault
 from eagle3_target.protocol import wire
+
+from .hostile_server import self_signed
 
 LIMIT = 1 << 30
 
@@ -27,14 +32,15 @@ BIG = {
 SMALL = {"ids": torch.arange(1000)}
 
 
-async def _serve(handler):
+async def _serve(handler, ssl_context: ssl.SSLContext | None = None):
     app = web.Application()
     app.router.add_post("/reply", handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
     await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/reply"
+    scheme = "https" if ssl_context else "http"
+    return runner, f"{scheme}://127.0.0.1:{runner.addresses[0][1]}/reply"
 
 
 def _replying(tensors, peers: list, cut_after: int | None = None, stall: bool = False):
@@ -61,6 +67,20 @@ def _replying(tensors, peers: list, cut_after: int | None = None, stall: bool = 
     return handler
 
 
+def _sized(nbytes: int) -> dict:
+    """Tensors whose wire blob is exactly ``nbytes`` long (the padding's length is found by trying)."""
+    pad = nbytes
+    for _ in range(4):
+        tensors = {
+            "probs": torch.rand(3, 1 << 18),
+            "ids": torch.arange(1000),
+            "pad": torch.ones(pad, dtype=torch.uint8),
+        }
+        pad += nbytes - wire.EncodedBlob(tensors).nbytes
+    assert wire.EncodedBlob(tensors).nbytes == nbytes
+    return tensors
+
+
 def _same(got, sent) -> None:
     assert list(got) == list(sent)
     for key, value in sent.items():
@@ -83,6 +103,156 @@ async def test_bodies_arrive_whole_and_only_large_ones_close_their_connection(te
     assert len(set(peers)) == new_connections  # a reused connection has the same client port
 
 
+@pytest.mark.parametrize(
+    "nbytes, new_connections", [(body.DIRECT_MIN_BYTES - 1, 1), (body.DIRECT_MIN_BYTES, 2)]
+)
+async def test_only_bodies_of_the_direct_minimum_or_more_are_read_from_the_socket(nbytes, new_connections):
+    """Just under the threshold the body goes through aiohttp's parser in the pieces it arrives in (1 MiB
+    writes) and the connection is reused; at the threshold it is read from the socket and closed after."""
+    tensors, peers = _sized(nbytes), []
+    runner, url = await _serve(_replying(tensors, peers))
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2):
+                async with http.post(url) as response:
+                    _same(await body.read_tensors(response, LIMIT), tensors)
+    finally:
+        await runner.cleanup()
+    assert len(set(peers)) == new_connections
+
+
+def _on_cue(cue: asyncio.Event, then=None):
+    """A handler that sends BIG's headers, waits for ``cue``, then ``then(request)`` or the whole body."""
+    blob = wire.EncodedBlob(BIG)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = blob.nbytes
+        await response.prepare(request)
+        await cue.wait()
+        if then is not None:
+            then(request)
+            return response
+        for chunk in blob.chunks(1 << 20):
+            await response.write(chunk)
+        return response
+
+    return handler
+
+
+async def _reading_from_the_socket(response: aiohttp.ClientResponse) -> asyncio.Task:
+    """read_tensors started as a task, once it has taken the socket over from aiohttp's parser."""
+    transport = response.connection.transport
+    reading = asyncio.create_task(body.read_tensors(response, LIMIT))
+    while not isinstance(transport.get_protocol(), body._Receiver):
+        await asyncio.sleep(0)
+    return reading
+
+
+async def test_a_direct_read_gives_the_connection_back_to_aiohttp_and_closes_it():
+    cue = asyncio.Event()
+    runner, url = await _serve(_on_cue(cue))
+    try:
+        async with aiohttp.ClientSession() as http, http.post(url) as response:
+            closed = response.connection.protocol.closed  # set by aiohttp's protocol's connection_lost
+            reading = await _reading_from_the_socket(response)
+            cue.set()
+            _same(await reading, BIG)
+            async with asyncio.timeout(60):  # a failure bound, not a speed goal: never set when it fails
+                await closed
+    finally:
+        cue.set()
+        await runner.cleanup()
+
+
+def _reset(request: web.Request) -> None:
+    """Close the server's socket with an RST (SO_LINGER 0) instead of a FIN."""
+    request.transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+    )
+    request.transport.abort()
+
+
+async def test_a_connection_reset_under_a_direct_read_is_a_payload_error_naming_it():
+    cue = asyncio.Event()
+    runner, url = await _serve(_on_cue(cue, then=_reset))
+    try:
+        async with aiohttp.ClientSession() as http, http.post(url) as response:
+            reading = await _reading_from_the_socket(response)
+            cue.set()
+            with pytest.raises(aiohttp.ClientPayloadError, match="connection lost mid-body: .*reset"):
+                await reading
+    finally:
+        cue.set()
+        await runner.cleanup()
+
+
+async def test_closing_the_response_under_a_direct_read_ends_it_with_a_payload_error():
+    """Not a wait for the stall timeout (there is none here): the read learns its connection is gone."""
+    cue = asyncio.Event()
+    runner, url = await _serve(_on_cue(cue))
+    try:
+        async with aiohttp.ClientSession() as http, http.post(url) as response:
+            reading = await _reading_from_the_socket(response)
+            response.close()
+            with pytest.raises(aiohttp.ClientPayloadError, match="connection lost mid-body: closed$"):
+                await reading
+    finally:
+        cue.set()
+        await runner.cleanup()
+
+
+async def test_a_small_body_arriving_after_its_headers_keeps_its_connection():
+    """Nothing of the body is buffered when reading starts, which must not send a small body to the
+    socket path (it would close the connection)."""
+    cue, peers = asyncio.Event(), []
+    blob = wire.encode(SMALL)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        peers.append(request.transport.get_extra_info("peername"))
+        response = web.StreamResponse()
+        response.content_length = len(blob)
+        await response.prepare(request)
+        await cue.wait()
+        await response.write(blob)
+        return response
+
+    runner, url = await _serve(handler)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2):
+                cue.clear()
+                async with http.post(url) as response:
+                    reading = asyncio.create_task(body.read_tensors(response, LIMIT))
+                    cue.set()
+                    _same(await reading, SMALL)
+    finally:
+        cue.set()
+        await runner.cleanup()
+    assert len(set(peers)) == 1
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A self-signed certificate for 127.0.0.1: the server's context and a client's that trusts it."""
+    cert, server = self_signed(tmp_path_factory.mktemp("tls"))
+    return server, ssl.create_default_context(cafile=cert)
+
+
+async def test_a_large_body_over_tls_goes_through_aiohttps_parser_and_keeps_its_connection(tls):
+    """The socket is read directly only on plain TCP: under TLS it carries ciphertext."""
+    peers: list = []
+    runner, url = await _serve(_replying(BIG, peers), ssl_context=tls[0])
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls[1])) as http:
+            for _ in range(2):
+                async with http.post(url) as response:
+                    _same(await body.read_tensors(response, LIMIT), BIG)
+    finally:
+        await runner.cleanup()
+    assert len(set(peers)) == 1
+
+
 async def test_received_tensors_are_writable_and_independent():
     runner, url = await _serve(_replying(BIG, []))
     try:
@@ -94,12 +264,15 @@ async def test_received_tensors_are_writable_and_independent():
     assert BIG["probs"][0, 0] >= 0 and got["ids"].tolist() == list(range(10))
 
 
-@pytest.mark.parametrize("tensors", [BIG, {"ids": torch.arange(1 << 16)}])
-async def test_a_server_hanging_up_mid_body_is_a_payload_error(tensors):
+@pytest.mark.parametrize(
+    "tensors, message",
+    [(BIG, "^the server closed the connection mid-body$"), ({"ids": torch.arange(1 << 16)}, "not completed")],
+)
+async def test_a_server_hanging_up_mid_body_is_a_payload_error(tensors, message):
     runner, url = await _serve(_replying(tensors, [], cut_after=1 << 19 if tensors is BIG else 1))
     try:
         async with aiohttp.ClientSession() as http, http.post(url) as response:
-            with pytest.raises(aiohttp.ClientPayloadError):
+            with pytest.raises(aiohttp.ClientPayloadError, match=message):
                 await body.read_tensors(response, LIMIT)
     finally:
         await runner.cleanup()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -30,7 +31,8 @@ def generate_count(farm, url: str, code: str) -> float:
     return served(farm.server(url), "generate", code)
 
 
-def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
+def run_membership_changes(farm, dns_server, spec: str, set_pods, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="eagle3_target.client.membership")
     runner, vocab = SyntheticRunner(), draft_vocab()
     hosts = [f"127.0.0.{i}" for i in range(2, 6)]
     urls = set_pods(hosts[:2])
@@ -54,9 +56,15 @@ def run_membership_changes(farm, dns_server, spec: str, set_pods) -> None:
             wait_until(lambda url=url: backend.session_id not in farm.server(url).service.sessions)
         assert backend.session_id in farm.server(urls[0]).service.sessions
         assert backend.pool.describe_members() == f"{urls[0]} healthy"
+    # What an operator reads in the trainer's log, one line per change.
+    assert all(f"{url} is healthy" in caplog.messages for url in urls), caplog.messages
+    assert all(f"new target server {url}" in caplog.messages for url in urls[2:]), caplog.messages
+    assert all(f"target server {url} left DNS; draining" in caplog.messages for url in urls[1:]), (
+        caplog.messages
+    )
 
 
-def test_a_records_two_four_one(farm, dns_server):
+def test_a_records_two_four_one(farm, dns_server, caplog):
     port = free_port()
     urls = {
         host: farm.start(host, port, forward_delay=0.01) for host in (f"127.0.0.{i}" for i in range(2, 6))
@@ -66,10 +74,10 @@ def test_a_records_two_four_one(farm, dns_server):
         dns_server.set_a(SERVICE, hosts)
         return [urls[h] for h in hosts]
 
-    run_membership_changes(farm, dns_server, f"dns://{SERVICE}:{port}", set_pods)
+    run_membership_changes(farm, dns_server, f"dns://{SERVICE}:{port}", set_pods, caplog)
 
 
-def test_srv_records_two_four_one(farm, dns_server):
+def test_srv_records_two_four_one(farm, dns_server, caplog):
     # hostNetwork: each pod has its own port, which only SRV records carry.
     urls = {host: farm.start(host, forward_delay=0.01) for host in (f"127.0.0.{i}" for i in range(2, 6))}
     for index, host in enumerate(urls):
@@ -80,7 +88,7 @@ def test_srv_records_two_four_one(farm, dns_server):
         dns_server.set_srv(f"_http._tcp.{SERVICE}", records)
         return [urls[h] for h in hosts]
 
-    run_membership_changes(farm, dns_server, f"srv://_http._tcp.{SERVICE}", set_pods)
+    run_membership_changes(farm, dns_server, f"srv://_http._tcp.{SERVICE}", set_pods, caplog)
 
 
 def test_backend_waits_for_a_name_that_resolves_late(farm, dns_server):

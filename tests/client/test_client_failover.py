@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -69,5 +70,12 @@ def test_a_silent_server_costs_a_batch_the_hedge_threshold_not_the_request_timeo
             assert_batch_matches(got, expected(runner, vocab, *sent), sent[1])
         assert backend.pool.hedges >= 1
         assert max(gaps) < threshold + 5.0, (max(gaps), threshold)  # 120 s (the request timeout) before
-        assert any("has not answered /generate" in r.getMessage() for r in caplog.records)
+        silent = re.escape(servers[1].url)
+        hedged = rf"{silent} has not answered /generate for \d+\.\d+s; marking it unhealthy until /health answers, "
+        said = [r.getMessage() for r in caplog.records]
+        assert any(re.fullmatch(hedged + "re-sending the request to another server", m) for m in said), said
+        assert any(
+            re.fullmatch(rf"quarantining {silent}: TimeoutError: silent for \d+\.\ds on /generate", m)
+            for m in said
+        )
         wait_until(lambda: backend.healthy_servers == 2, timeout=60)  # it rejoins once /health answers

@@ -18,17 +18,20 @@ from eagle3_target.client.endpoints import EndpointResolver, parse_specs
 from eagle3_target.client.membership import Member, Membership
 
 from ..target_support import free_port
+from .client_support import wait_until
 
 
 @contextlib.contextmanager
-def loading_server(host: str = "127.0.0.2"):
-    """A server that is up but never ready: /health answers 503, as ours does while the model loads."""
+def loading_server(host: str = "127.0.0.2", routes: dict | None = None):
+    """A server that is up but never ready: /health answers 503, as ours does while the model loads
+    (or one answering with ``routes``, path -> handler)."""
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "loading"}, status=503)
 
     app = web.Application()
-    app.router.add_get("/health", health)
+    for path, handler in (routes or {"/health": health}).items():
+        app.router.add_route("*", path, handler)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -148,3 +151,33 @@ def test_a_server_that_is_still_loading_is_named_as_not_ready(caplog):
     assert warnings and "HTTP 503 loading" in warnings[0].getMessage(), [
         r.getMessage() for r in caplog.records
     ]
+
+
+def test_a_server_answering_garbage_while_joining_is_quarantined_and_named_once(farm, caplog):
+    """Ready by /health, but its /model_info is no JSON: a fault of that server (not a refusal, not a
+    wait); it stays out of dispatch, and its reason is warned about once however often it is retried."""
+    asked = []
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def model_info(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(body=b"{not json", content_type="application/json")
+
+    caplog.set_level(logging.WARNING, logger="eagle3_target.client")
+    good = farm.start("127.0.0.3")
+    options = PoolOptions(start_timeout=20, backoff_base=0.01, backoff_max=0.05)
+    with (
+        loading_server(routes={"/health": health, "/model_info": model_info}) as bad,
+        RemoteTargetBackend([good, bad], options=options) as backend,
+    ):
+        wait_until(lambda: len(asked) >= 4)  # joined and failed three times since the first probe
+        assert backend.healthy_servers == 1
+        assert (
+            f"{bad} quarantined (ServerFault: {bad}/model_info is not JSON: "
+            in backend.pool.describe_members()
+        )
+    reason = f"{bad} cannot join: ServerFault: {bad}/model_info is not JSON: "
+    named = [r.getMessage() for r in warnings_naming(caplog, bad)]
+    assert [m.startswith(reason) for m in named] == [True], named

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -169,7 +170,10 @@ async def test_a_cancelled_send_tears_the_group_down_and_frees_its_port():
     try:
         async with plane.transfer(session, asked=True, sequence=None) as transfer:
             send = asyncio.create_task(transfer.send({"x": torch.ones(1 << 22)}))  # nobody receives it
-            await asyncio.sleep(0.2)
+            sending = f"p2p send {reply['nccl_port']}"  # the send's thread, named by group.py's _off_loop
+            async with asyncio.timeout(60):
+                while not any(thread.name == sending for thread in threading.enumerate()):
+                    await asyncio.sleep(0.01)
             send.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await send
