@@ -77,9 +77,18 @@ def serve_dns(host: str):
     fake = FakeDNS()
     quiet = DNSLogger(log="-request,-reply,-truncated,-error,-recv,-send,-data")
     v6 = ":" in host
-    udp = DNSServer(fake, address=host, port=0, logger=quiet, server=_UDPServer6 if v6 else None)
-    port = udp.server.server_address[1]
-    tcp = DNSServer(fake, address=host, port=port, tcp=True, logger=quiet, server=_TCPServer6 if v6 else None)
+    for _ in range(20):  # the kernel picks a free UDP port; its TCP twin may be another process's
+        udp = DNSServer(fake, address=host, port=0, logger=quiet, server=_UDPServer6 if v6 else None)
+        port = udp.server.server_address[1]
+        try:
+            tcp = DNSServer(
+                fake, address=host, port=port, tcp=True, logger=quiet, server=_TCPServer6 if v6 else None
+            )
+            break
+        except OSError:
+            udp.server.server_close()
+    else:
+        raise OSError(f"no port on {host} free for both UDP and TCP in 20 tries")
     udp.start_thread()
     tcp.start_thread()
     fake.address = f"[{host}]:{port}" if v6 else f"{host}:{port}"

@@ -345,3 +345,47 @@ async def test_a_declared_length_over_the_limit_is_refused_before_reading():
                 await body.read_tensors(response, 1000)
     finally:
         await runner.cleanup()
+
+
+def _chunked(tensors):
+    """A handler sending ``tensors`` chunked: no Content-Length to size anything by."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for chunk in wire.EncodedBlob(tensors).chunks(1 << 16):
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+@pytest.mark.parametrize("limit", [LIMIT, 1000])
+async def test_a_chunked_body_is_read_whole_within_the_limit(limit):
+    runner, url = await _serve(_chunked(SMALL))
+    try:
+        async with aiohttp.ClientSession() as http, http.post(url) as response:
+            assert response.content_length is None
+            if limit < len(wire.encode(SMALL)):
+                with pytest.raises(ReplyTooLarge, match="body passed the limit of 1000 bytes"):
+                    await body.read_tensors(response, limit)
+            else:
+                _same(await body.read_tensors(response, limit), SMALL)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_declared_length_at_the_limit_is_read():
+    blob = wire.encode(SMALL)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=blob)
+
+    runner, url = await _serve(handler)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(url) as response:
+            _same(await body.read_tensors(response, len(blob)), SMALL)
+    finally:
+        await runner.cleanup()
