@@ -49,7 +49,11 @@ def load(urls: list[str], seconds: float) -> float:
     bench += ["--draft-vocab", "128", "--warmup", "1", "--batches", "1000000"]
     middle = 0.0
     for spec in (urls[0], ",".join(urls)):
-        running = subprocess.Popen([*bench, spec], stdout=subprocess.DEVNULL)
+        unbuffered = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        running = subprocess.Popen([*bench, spec], stdout=subprocess.PIPE, env=unbuffered, text=True)
+        # Its "N servers, model ..." line: past its imports, so the Ctrl-C below cannot land in one (on a
+        # loaded machine a SIGINT during torch's import was lost and the bench ran on after the picture).
+        running.stdout.readline()
         middle = time.time() + seconds / 2
         time.sleep(seconds)
         running.send_signal(signal.SIGINT)  # Ctrl-C: the CLI ends the run quietly
