@@ -20,6 +20,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from tests.nemo import exactness  # noqa: E402
+from tests.nemo.test_dspark_family import DSPARK  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 FAMILIES = {
@@ -35,21 +36,8 @@ FAMILIES = {
             draft_num_hidden_layers=1, block_size=4, num_anchors=8, mask_token_id=3, attention_backend="sdpa"
         ),
     ),
-    # the embeddings and the lm_head, copied into the draft at setup; flex attention switched to sdpa after
-    # setup() in both runs (no CPU backward in torch 2.13)
-    "dspark": exactness.Family(
-        "TrainDSparkRecipe",
-        "nemo_automodel.recipes.llm.train_dspark",
-        dict(
-            draft_num_hidden_layers=1,
-            target_layer_ids=[-1, 3, 7],
-            block_size=4,
-            num_anchors=8,
-            mask_token_id=3,
-            markov_rank=16,
-        ),
-        after_setup=lambda recipe: setattr(recipe.draft_model.config, "_attn_implementation", "sdpa"),
-    ),
+    # the embeddings and the lm_head, copied into the draft at setup; sdpa after setup() (test_dspark_family)
+    "dspark": DSPARK,
 }
 
 
