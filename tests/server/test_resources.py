@@ -162,8 +162,11 @@ async def test_health_answers_while_1500_idle_sockets_are_open():
     if hard != resource.RLIM_INFINITY and hard < 4096:
         pytest.skip(f"the hard open-file limit {hard} leaves no room for 1,500 sockets on each side")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
-    # The server starts with the soft limit most images have (1024) and must raise it itself.
-    with ServerProcess(dict(vocab_size=64), preexec_fn=_soft_fd_limit(1024)) as srv:
+    # The server starts with the soft limit most images have (1024) and must raise it itself. Its idle
+    # reaping (keepalive_timeout, 30 s by default) is pushed past the test: under load the 15 steps can take
+    # longer than that, and the first sockets, closed by the server, would never let the count reach 1,500.
+    limit = _soft_fd_limit(1024)
+    with ServerProcess(dict(vocab_size=64), keepalive_timeout=3600.0, preexec_fn=limit) as srv:
         idle, before = [], srv.open_fds()
         try:
             # In steps of 100, each accepted (one descriptor each) before the next: 1,500 at once overflow
