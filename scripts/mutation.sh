@@ -32,7 +32,8 @@ declare -A TESTS=(
   [server/request.py]="tests/server/test_request.py"
   [server/sessions.py]="tests/server/test_sessions.py tests/server/test_service.py"
   [client/membership.py]="$pool tests/client/test_client_membership.py tests/client/test_client_waiting.py"
-  [client/dispatch.py]="$pool tests/client/test_client_failover.py"
+  [client/dispatch.py]="tests/client/test_client_dispatch.py $pool tests/client/test_client_failover.py
+    tests/client/test_client_encodings.py tests/client/test_client_priority.py"
   [client/body.py]="tests/client/test_client_body.py"
 )
 ORDER=(protocol/wire.py protocol/encodings.py protocol/model_info.py protocol/supervision.py

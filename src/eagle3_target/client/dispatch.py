@@ -286,13 +286,13 @@ class TargetPool:
         loop = asyncio.get_running_loop()
         async with self.membership.changed:
             while True:
+                left = deadline - loop.time()
+                if left <= 0:  # past it, no new attempt: one that answers at once would loop here
+                    return None
                 member = self._pick(rejected)
                 if member is not None:
                     member.in_flight += 1
                     return member
-                left = deadline - loop.time()
-                if left <= 0:
-                    return None
                 resting = [m.rest_until for m in self.healthy() if m.rest_until > loop.time()]
                 await self.membership.wait_changed(min([left, *(t - loop.time() for t in resting)]))
 

@@ -1,0 +1,366 @@
+"""The pool's dispatch (client/dispatch.py) with a real Membership but no servers: each member is put in
+HEALTHY by hand and each attempt is a coroutine the test writes, so failover, backpressure, refusals,
+hedging, backoff and slot accounting are seen one at a time and in milliseconds. The same paths over real
+servers are in test_client_failover.py and test_client_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+
+import aiohttp
+import pytest
+
+from eagle3_target.client import PoolOptions
+from eagle3_target.client import dispatch as dispatch_module
+from eagle3_target.client.connection import RequestRejected, ServerError
+from eagle3_target.client.dispatch import TargetPool
+from eagle3_target.client.endpoints import EndpointResolver
+from eagle3_target.client.errors import BatchFailedError
+from eagle3_target.client.membership import Member, MemberState
+from eagle3_target.client.p2p import P2PUnavailable
+from eagle3_target.protocol import encodings
+
+pytestmark = pytest.mark.timeout(60)
+
+# Nothing listens on these (port 9, discard); only closing the pool's sessions ever connects to them.
+URLS = ["http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9"]
+# A large backoff_base: a quarantined member waits readmit_backoff_max (an hour) before it tries to rejoin,
+# so its state and last_error stay what dispatch made them; backoff_max keeps dispatch's own backoff at 2 ms.
+FAST = dict(deadline=5.0, backoff_base=1000.0, backoff_max=0.002, readmit_backoff_max=3600.0)
+
+
+@contextlib.asynccontextmanager
+async def pool_of(count: int, **options):
+    pool = TargetPool(EndpointResolver([]), "session", options=PoolOptions(**{**FAST, **options}))
+    pool._http = aiohttp.ClientSession()
+    pool._turn = -1  # the first pick is URLS[0]
+    for url in URLS[:count]:
+        pool.members[url] = Member(pool._connection(url), state=MemberState.HEALTHY)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def members(pool: TargetPool) -> list[Member]:
+    return list(pool.members.values())
+
+
+def refusal(member: Member, status: int = 400, retry_after: float | None = None) -> ServerError:
+    return ServerError(member.url, "generate", status, "bad_request", "no", retry_after=retry_after)
+
+
+class Script:
+    """An attempt per call: ``plan[url]`` lists what that server's successive attempts do (an exception
+    to raise, "hang" to never answer, anything else to return); calls are recorded in order."""
+
+    def __init__(self, **plan):
+        self.plan, self.calls = {url: list(steps) for url, steps in plan.items()}, []
+
+    async def __call__(self, member: Member):
+        self.calls.append(member.url)
+        step = self.plan[member.url].pop(0)
+        if step == "hang":
+            await asyncio.Event().wait()
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+# -- picking a server ----------------------------------------------------------------------------
+
+
+async def test_least_loaded_takes_the_idlest_free_server_and_skips_full_resting_and_refusing_ones():
+    async with pool_of(3, max_in_flight=2) as pool:
+        a, b, c = members(pool)
+        a.in_flight, b.in_flight, c.in_flight = 1, 0, 1
+        assert pool._pick() is b
+        b.in_flight = 2  # full
+        assert pool._pick() in (a, c)
+        assert pool._pick({a.url}) is c  # a refused this request
+        c.rest_until = asyncio.get_running_loop().time() + 60  # it answered 429 + Retry-After
+        assert pool._pick() is a
+        a.in_flight = 2
+        assert pool._pick() is None
+        c.rest_until = 0.0
+        c.state = MemberState.QUARANTINED
+        assert pool._pick() is None
+
+
+@pytest.mark.parametrize("policy", ["least-loaded", "round-robin"])
+async def test_ties_rotate_over_every_server(policy):
+    async with pool_of(3, policy=policy) as pool:
+        picks = [pool._pick().url for _ in range(30)]
+        assert [picks.count(url) for url in URLS] == [10, 10, 10], picks
+
+
+@pytest.mark.parametrize("policy", ["least-loaded", "round-robin"])
+async def test_round_robin_ignores_load_and_least_loaded_avoids_it(policy):
+    async with pool_of(3, policy=policy, max_in_flight=10) as pool:
+        members(pool)[0].in_flight = 5
+        counts = [0, 0, 0]
+        for _ in range(30):
+            counts[URLS.index(pool._pick().url)] += 1
+        if policy == "round-robin":
+            assert counts == [10, 10, 10]
+        else:
+            assert counts[0] == 0 and min(counts[1:]) > 0, counts
+
+
+async def test_acquire_takes_a_slot_and_waits_for_a_released_one():
+    async with pool_of(1, deadline=30.0) as pool:
+        (member,) = members(pool)
+        loop = asyncio.get_running_loop()
+        assert await pool._acquire(loop.time() + 30) is member
+        assert member.in_flight == 1
+        waiter = asyncio.create_task(pool._acquire(loop.time() + 30))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # max_in_flight 1: the slot is taken
+        pool.membership.release(member)
+        assert await asyncio.wait_for(waiter, 10) is member
+        assert member.in_flight == 1
+
+
+async def test_acquire_gives_up_at_its_deadline_and_wakes_when_a_rest_ends():
+    async with pool_of(1) as pool:
+        (member,) = members(pool)
+        loop = asyncio.get_running_loop()
+        member.in_flight = 1
+        started = loop.time()
+        assert await pool._acquire(started + 0.2) is None
+        assert loop.time() - started >= 0.2
+        member.in_flight, member.rest_until = 0, loop.time() + 0.2
+        # No event will come: only the end of the rest can wake it, long before the 30 s deadline.
+        assert await asyncio.wait_for(pool._acquire(loop.time() + 30), 10) is member
+
+
+# -- failover --------------------------------------------------------------------------------------
+
+
+async def test_an_answer_frees_the_slot_and_clears_the_servers_strikes():
+    async with pool_of(1) as pool:
+        (member,) = members(pool)
+        member.strikes = 3
+        assert await pool.with_failover(Script(**{member.url: ["ok"]}), what="/x") == "ok"
+        assert (member.in_flight, member.strikes, pool.failovers) == (0, 0, 0)
+        assert not pool._generate_seconds  # only hedged calls (/generate) are timed
+
+
+async def test_a_server_fault_quarantines_that_server_and_moves_on():
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        error = aiohttp.ClientConnectionError("gone")
+        script = Script(**{a.url: [error], b.url: ["from b"]})
+        assert await pool.with_failover(script, what="/x") == "from b"
+        assert script.calls == [a.url, b.url]
+        assert (a.state, b.state) == (MemberState.QUARANTINED, MemberState.HEALTHY)
+        assert a.last_error == "ClientConnectionError: gone"
+        assert pool.failovers == 1
+        assert pool.membership.resolve_now.is_set()  # a lost connection: DNS is asked again soon
+        assert a.in_flight == b.in_flight == 0
+
+
+async def test_a_5xx_quarantines_without_asking_dns_again():
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        script = Script(**{a.url: [refusal(a, 503)], b.url: ["from b"]})
+        assert await pool.with_failover(script, what="/x") == "from b"
+        assert a.state == MemberState.QUARANTINED
+        assert not pool.membership.resolve_now.is_set()
+
+
+async def test_no_server_left_fails_the_batch_at_the_deadline_naming_what_was_tried():
+    async with pool_of(2, deadline=0.5) as pool:
+        a, b = members(pool)
+        script = Script(**{a.url: [refusal(a, 500)], b.url: [aiohttp.ClientConnectionError("reset")]})
+        with pytest.raises(BatchFailedError) as failed:
+            await pool.with_failover(script, what="/weights/lm_head")
+        said = str(failed.value)
+        assert said.startswith("/weights/lm_head found no server within 0s; tried: ")
+        assert f"{a.url}: ServerError: {a.url}/generate: HTTP 500 bad_request: no" in said
+        assert f"{b.url}: ClientConnectionError: reset" in said
+        assert said.endswith(f"Servers now: {pool.describe_members()}")
+        assert pool.failovers == 2
+
+
+async def test_an_empty_pool_says_none_was_tried():
+    async with pool_of(0, deadline=0.1) as pool:
+        with pytest.raises(BatchFailedError, match=r"^/x found no server within 0s; tried: none\. "):
+            await pool.with_failover(Script(), what="/x")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        BatchFailedError("caller"),
+        RequestRejected("u", "p", 400, "e", "d"),
+        P2PUnavailable("no p2p"),
+        encodings.EncodingError("bad reply"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+async def test_the_callers_own_errors_are_raised_and_blame_no_server(error):
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        with pytest.raises(type(error)) as raised:
+            await pool.with_failover(Script(**{a.url: [error], b.url: ["unused"]}), what="/x")
+        assert raised.value is error
+        assert a.state == b.state == MemberState.HEALTHY
+        assert pool.failovers == 0 and a.in_flight == 0
+
+
+# -- refusals and backpressure --------------------------------------------------------------------
+
+
+async def test_a_request_every_server_refuses_is_rejected_with_the_servers_words():
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        script = Script(**{a.url: [refusal(a, 413)], b.url: [refusal(b, 413)]})
+        with pytest.raises(RequestRejected) as rejected:
+            await pool.with_failover(script, what="/x")
+        assert (rejected.value.url, rejected.value.status, rejected.value.error) == (
+            b.url,
+            413,
+            "bad_request",
+        )
+        assert script.calls == [a.url, b.url]  # each asked once
+        assert a.state == b.state == MemberState.HEALTHY  # the request was at fault, not the servers
+        assert pool.failovers == 0
+
+
+async def test_a_server_refusing_what_another_serves_is_quarantined():
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        script = Script(**{a.url: [refusal(a, 400)], b.url: ["from b"]})
+        assert await pool.with_failover(script, what="/x") == "from b"
+        assert a.state == MemberState.QUARANTINED
+        assert a.last_error == f"ServerFault: refused a request {b.url} served"
+        assert pool.failovers == 1
+
+
+async def test_a_429_with_retry_after_rests_the_server_and_retries_it_after_the_rest():
+    async with pool_of(1, deadline=30.0) as pool:
+        (member,) = members(pool)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        script = Script(**{member.url: [refusal(member, 429, retry_after=0.3), "after rest"]})
+        assert await pool.with_failover(script, what="/x") == "after rest"
+        assert loop.time() - started >= 0.3
+        assert member.state == MemberState.HEALTHY and pool.failovers == 0
+        assert member.in_flight == 0
+
+
+async def test_a_429_without_retry_after_is_a_busy_server_failed_over():
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        assert await pool.with_failover(Script(**{a.url: [refusal(a, 429)], b.url: ["b"]}), what="/x") == "b"
+        assert a.state == MemberState.QUARANTINED and pool.failovers == 1
+
+
+# -- backoff ---------------------------------------------------------------------------------------
+
+
+class RecordedSleeps:
+    """dispatch's asyncio with sleep recorded (and not slept): the backoff between failed rounds."""
+
+    def __init__(self):
+        self.delays = []
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay):
+        self.delays.append(delay)
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("draw", [1.0, 0.5])
+async def test_rounds_back_off_exponentially_with_jitter_up_to_the_cap(monkeypatch, draw):
+    sleeps, bounds = RecordedSleeps(), []
+    monkeypatch.setattr(dispatch_module, "asyncio", sleeps)
+    monkeypatch.setattr(random, "uniform", lambda low, high: bounds.append((low, high)) or draw)
+    async with pool_of(1, deadline=30.0, backoff_base=0.1, backoff_max=0.5) as pool:
+        (member,) = members(pool)
+        busy = [refusal(member, 429, retry_after=0.0)] * 5  # backpressure: the server stays healthy
+        assert await pool.with_failover(Script(**{member.url: [*busy, "ok"]}), what="/x") == "ok"
+    assert sleeps.delays == pytest.approx([d * draw for d in (0.1, 0.2, 0.4, 0.5, 0.5)])
+    assert bounds == [(0.5, 1.0)] * 5
+
+
+async def test_backoff_never_sleeps_past_the_deadline():
+    async with pool_of(1, deadline=0.5, backoff_base=100.0, backoff_max=100.0) as pool:
+        (member,) = members(pool)
+        loop = asyncio.get_running_loop()
+        started, script = loop.time(), Script(**{member.url: [refusal(member, 429, 0.0)] * 100})
+        with pytest.raises(BatchFailedError, match=r"found no server within 0s; tried: \S+: ServerError"):
+            await pool.with_failover(script, what="/x")
+        assert loop.time() - started < 10  # not the 50-100 s the backoff asked for
+        assert script.calls == [member.url]  # one try, one backoff to the deadline, none past it
+        assert member.in_flight == 0
+
+
+# -- hedging ---------------------------------------------------------------------------------------
+
+
+def test_the_hedge_threshold_is_the_floor_or_a_multiple_of_the_p99():
+    pool = TargetPool(EndpointResolver([]), "s", options=PoolOptions(hedge_after=1.0, hedge_p99_factor=3.0))
+    assert pool.hedge_threshold() == 1.0  # no samples yet
+    pool._generate_seconds.extend(i / 100 for i in range(100))
+    assert pool.hedge_threshold() == pytest.approx(3.0 * 0.98)  # p99 of 0.00 ... 0.99
+    pool._generate_seconds.clear()
+    pool._generate_seconds.extend([0.1] * 50)
+    assert pool.hedge_threshold() == 1.0  # fast answers never lower it below the floor
+
+
+async def test_a_silent_server_is_hedged_onto_another_and_the_first_answer_wins(caplog):
+    async with pool_of(2, hedge_after=0.2, deadline=30.0) as pool:
+        a, b = members(pool)
+        script = Script(**{a.url: ["hang"], b.url: ["from b"]})
+        with caplog.at_level(logging.WARNING, logger=dispatch_module.__name__):
+            assert await pool.with_failover(script, what="/generate", hedge=True) == "from b"
+        assert pool.hedges == 1 and a.state == MemberState.QUARANTINED
+        assert a.last_error == "TimeoutError: silent for 0.2s on /generate"
+        assert a.in_flight == b.in_flight == 0  # the hedged-away attempt was cancelled and released
+        assert [r.getMessage() for r in caplog.records if r.name == dispatch_module.__name__] == [
+            f"{a.url} has not answered /generate for 0.2s; marking it unhealthy until /health answers, "
+            "re-sending the request to another server"
+        ]
+        assert len(pool._generate_seconds) == 1  # the answer's time feeds the threshold
+
+
+async def test_with_no_free_server_a_hedge_keeps_waiting_for_the_slow_answer():
+    async with pool_of(1, hedge_after=0.1, deadline=30.0) as pool:
+        (member,) = members(pool)
+
+        async def slow(m):
+            await asyncio.sleep(0.5)
+            return "late but whole"
+
+        assert await pool.with_failover(slow, what="/generate", hedge=True) == "late but whole"
+        assert pool.hedges == 0 and member.state == MemberState.QUARANTINED
+        assert member.in_flight == 0
+
+
+async def test_unhedged_calls_wait_out_a_slow_server():
+    async with pool_of(2, hedge_after=0.05, deadline=30.0) as pool:
+        a, b = members(pool)
+
+        async def slow(m):
+            await asyncio.sleep(0.3)
+            return m.url
+
+        assert await pool.with_failover(slow, what="/weights/x") == a.url
+        assert pool.hedges == 0 and a.state == b.state == MemberState.HEALTHY
+
+
+async def test_silence_until_the_deadline_fails_the_batch_and_cancels_every_attempt():
+    async with pool_of(2, hedge_after=0.1, deadline=0.6) as pool:
+        a, b = members(pool)
+        script = Script(**{a.url: ["hang"], b.url: ["hang"]})
+        with pytest.raises(BatchFailedError) as failed:
+            await pool.with_failover(script, what="/generate", hedge=True)
+        assert str(failed.value) == f"/generate got no answer within 1s from {a.url}, {b.url}"
+        assert a.in_flight == b.in_flight == 0
