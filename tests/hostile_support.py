@@ -8,6 +8,7 @@ Content-Encoding that does not match the body, blobs whose headers lie about the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -287,6 +288,21 @@ class ServerProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def accepted_connections(self) -> int:
+        """TCP connections on the server's port that the server has accepted (holds a descriptor for):
+        exact, where a count of all its descriptors also moves with whatever else it opens and closes."""
+        held = set()
+        for fd in os.listdir(f"/proc/{self.proc.pid}/fd"):
+            with contextlib.suppress(OSError):  # closed since listed
+                held.add(os.readlink(f"/proc/{self.proc.pid}/fd/{fd}"))
+        with open(f"/proc/{self.proc.pid}/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+        # columns: slot, local address:port (hex), remote, state (01: established), ..., inode (10th)
+        return sum(
+            int(row[1].rsplit(":", 1)[1], 16) == self.port and row[3] == "01" and f"socket:[{row[9]}]" in held
+            for row in rows
+        )
 
     def logs(self) -> str:
         if self.log.closed:
