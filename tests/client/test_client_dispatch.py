@@ -231,14 +231,15 @@ async def test_a_request_every_server_refuses_is_rejected_with_the_servers_words
         assert pool.failovers == 0
 
 
-async def test_a_server_refusing_what_another_serves_is_quarantined():
-    async with pool_of(2) as pool:
-        a, b = members(pool)
-        script = Script(**{a.url: [refusal(a, 400)], b.url: ["from b"]})
-        assert await pool.with_failover(script, what="/x") == "from b"
-        assert a.state == MemberState.QUARANTINED
-        assert a.last_error == f"ServerFault: refused a request {b.url} served"
-        assert pool.failovers == 1
+async def test_servers_refusing_what_another_serves_are_quarantined():
+    async with pool_of(3, max_in_flight=2) as pool:
+        a, b, c = members(pool)
+        c.in_flight = 1  # busy with another request: asked last
+        script = Script(**{a.url: [refusal(a, 400)], b.url: [refusal(b, 400)], c.url: ["from c"]})
+        assert await pool.with_failover(script, what="/x") == "from c"
+        assert a.state == b.state == MemberState.QUARANTINED
+        assert a.last_error == b.last_error == f"ServerFault: refused a request {c.url} served"
+        assert pool.failovers == 2
 
 
 async def test_a_429_with_retry_after_rests_the_server_and_retries_it_after_the_rest():
@@ -364,3 +365,32 @@ async def test_silence_until_the_deadline_fails_the_batch_and_cancels_every_atte
             await pool.with_failover(script, what="/generate", hedge=True)
         assert str(failed.value) == f"/generate got no answer within 1s from {a.url}, {b.url}"
         assert a.in_flight == b.in_flight == 0
+
+
+async def test_every_silent_server_is_hedged_in_turn_and_slots_are_counted_not_set():
+    async with pool_of(3, hedge_after=0.2, deadline=30.0, max_in_flight=2) as pool:
+        a, b, c = members(pool)
+        c.in_flight = 1  # it runs another request of this job: hedged onto last
+        script = Script(**{a.url: ["hang"], b.url: ["hang"], c.url: ["from c"]})
+        assert await pool.with_failover(script, what="/generate", hedge=True) == "from c"
+        assert script.calls == [a.url, b.url, c.url] and pool.hedges == 2
+        assert (a.in_flight, b.in_flight, c.in_flight) == (0, 0, 1)  # the other request keeps its slot
+
+
+async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_features(monkeypatch, caplog):
+    calls = []
+
+    async def fetch_capture(conn, agreement, request, shape, blob, features):
+        calls.append((conn.url, request, shape, blob, features))
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # the first server is silent
+        return "captured"
+
+    monkeypatch.setattr(dispatch_module, "fetch_capture", fetch_capture)
+    async with pool_of(2, hedge_after=0.2, deadline=5.0) as pool:
+        a, b = members(pool)
+        pool.membership.vocab_blob, features = b"mapping", object()
+        assert await pool.capture(b"request", 2, 16, 96, features) == "captured"
+    assert calls == [(url, b"request", (2, 16, 96), b"mapping", features) for url in (a.url, b.url)]
+    assert pool.hedges == 1
+    assert f"{a.url} has not answered /generate for 0.2s" in caplog.text
