@@ -111,17 +111,18 @@ async def test_round_robin_ignores_load_and_least_loaded_avoids_it(policy):
 
 
 async def test_acquire_takes_a_slot_and_waits_for_a_released_one():
-    async with pool_of(1, deadline=30.0) as pool:
+    async with pool_of(1, deadline=30.0, max_in_flight=2) as pool:
         (member,) = members(pool)
         loop = asyncio.get_running_loop()
+        member.in_flight = 1
         assert await pool._acquire(loop.time() + 30) is member
-        assert member.in_flight == 1
+        assert member.in_flight == 2
         waiter = asyncio.create_task(pool._acquire(loop.time() + 30))
         await asyncio.sleep(0.05)
-        assert not waiter.done()  # max_in_flight 1: the slot is taken
+        assert not waiter.done()  # max_in_flight 2: both slots are taken
         pool.membership.release(member)
         assert await asyncio.wait_for(waiter, 10) is member
-        assert member.in_flight == 1
+        assert member.in_flight == 2
 
 
 async def test_acquire_gives_up_at_its_deadline_and_wakes_when_a_rest_ends():
@@ -147,6 +148,8 @@ async def test_an_answer_frees_the_slot_and_clears_the_servers_strikes():
         assert await pool.with_failover(Script(**{member.url: ["ok"]}), what="/x") == "ok"
         assert (member.in_flight, member.strikes, pool.failovers) == (0, 0, 0)
         assert not pool._generate_seconds  # only hedged calls (/generate) are timed
+        assert await pool.with_failover(Script(**{member.url: ["ok"]}), what="/generate", hedge=True) == "ok"
+        assert len(pool._generate_seconds) == 1
 
 
 async def test_a_server_fault_quarantines_that_server_and_moves_on():
@@ -181,7 +184,7 @@ async def test_no_server_left_fails_the_batch_at_the_deadline_naming_what_was_tr
         said = str(failed.value)
         assert said.startswith("/weights/lm_head found no server within 0s; tried: ")
         assert f"{a.url}: ServerError: {a.url}/generate: HTTP 500 bad_request: no" in said
-        assert f"{b.url}: ClientConnectionError: reset" in said
+        assert f"HTTP 500 bad_request: no; {b.url}: ClientConnectionError: reset. Servers now: " in said
         assert said.endswith(f"Servers now: {pool.describe_members()}")
         assert pool.failovers == 2
 
@@ -216,15 +219,19 @@ async def test_the_callers_own_errors_are_raised_and_blame_no_server(error):
 
 
 async def test_a_request_every_server_refuses_is_rejected_with_the_servers_words():
-    async with pool_of(2) as pool:
+    async with pool_of(2, max_in_flight=2) as pool:
         a, b = members(pool)
+        b.in_flight = 1  # busy with another request: a, the idler, is asked first, and not again
         script = Script(**{a.url: [refusal(a, 413)], b.url: [refusal(b, 413)]})
         with pytest.raises(RequestRejected) as rejected:
             await pool.with_failover(script, what="/x")
-        assert (rejected.value.url, rejected.value.status, rejected.value.error) == (
+        got = rejected.value
+        assert (got.url, got.path, got.status, got.error, got.detail) == (
             b.url,
+            "generate",
             413,
             "bad_request",
+            "no",
         )
         assert script.calls == [a.url, b.url]  # each asked once
         assert a.state == b.state == MemberState.HEALTHY  # the request was at fault, not the servers
@@ -343,6 +350,14 @@ async def test_with_no_free_server_a_hedge_keeps_waiting_for_the_slow_answer():
         assert await pool.with_failover(slow, what="/generate", hedge=True) == "late but whole"
         assert pool.hedges == 0 and member.state == MemberState.QUARANTINED
         assert member.in_flight == 0
+
+
+async def test_an_unhedged_call_to_a_silent_server_fails_at_the_deadline():
+    async with pool_of(1, hedge_after=0.05, deadline=0.5) as pool:
+        (member,) = members(pool)
+        with pytest.raises(BatchFailedError, match=f"^/x got no answer within 0s from {member.url}$"):
+            await pool.with_failover(Script(**{member.url: ["hang"]}), what="/x")
+        assert member.state == MemberState.HEALTHY and member.in_flight == 0
 
 
 async def test_unhedged_calls_wait_out_a_slow_server():
