@@ -337,6 +337,12 @@ def test_the_hedge_threshold_is_the_floor_or_a_multiple_of_the_p99():
     pool._generate_seconds.clear()
     pool._generate_seconds.extend([0.1] * 50)
     assert pool.hedge_threshold() == 1.0  # fast answers never lower it below the floor
+    pool._generate_seconds.extend([10.0] * 1000 + [0.5] * 1000)
+    assert pool.hedge_threshold() == 1.5  # only the last 1,000 answers count: the slow phase is over
+
+
+async def test_a_pool_never_started_closes_quietly():
+    await TargetPool(EndpointResolver([]), "s").close()
 
 
 async def test_a_silent_server_is_hedged_onto_another_and_the_first_answer_wins(caplog):
