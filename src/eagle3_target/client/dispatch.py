@@ -287,7 +287,7 @@ class TargetPool:
         async with self.membership.changed:
             while True:
                 left = deadline - loop.time()
-                if left <= 0:  # past it, no new attempt: one that answers at once would loop here
+                if left <= 0:  # past it, start nothing: a server answering at once would be retried forever
                     return None
                 member = self._pick(rejected)
                 if member is not None:
