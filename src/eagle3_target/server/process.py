@@ -65,7 +65,7 @@ async def serve(server: TargetServer, *socks: socket.socket) -> int:
     finally:
         with contextlib.suppress(Exception):
             await runner.cleanup()
-    return 1 if server.service.load_error else 0
+    return 1 if server.service.model.load_error else 0
 
 
 def run_server(server: TargetServer, *socks: socket.socket) -> NoReturn:
