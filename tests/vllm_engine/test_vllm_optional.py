@@ -9,7 +9,7 @@ from target_support import free_port
 
 from eagle3_target.server.cli import add_arguments, build_loader
 from eagle3_target.server.runners import load_runner
-from eagle3_target.server.runners.vllm import INSTALL_HINT, VLLMUnavailable, gpu_ids
+from eagle3_target.server.runners.vllm_engine import INSTALL_HINT, VLLMUnavailable, gpu_ids
 
 from .vllm_support import VLLM_INSTALLED
 
@@ -18,7 +18,8 @@ def test_server_and_client_import_without_vllm():
     code = (
         "import sys\n"
         "import eagle3_target.cli, eagle3_target.server.app, eagle3_target.server.cli\n"
-        "import eagle3_target.server.runners.vllm, eagle3_target.client\n"
+        "import eagle3_target.server.runners.vllm, eagle3_target.server.runners.vllm_capture\n"
+        "import eagle3_target.server.runners.vllm_engine, eagle3_target.client\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], 'vllm was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
