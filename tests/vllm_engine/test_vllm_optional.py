@@ -65,7 +65,10 @@ def test_serve_hands_the_vllm_flags_to_the_vllm_runner_only():
         "--engine", "vllm", "--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.8"
     )
     assert loader.args == ("vllm",)
-    assert loader.keywords["tensor_parallel_size"] == 8 and loader.keywords["gpu_memory_utilization"] == 0.8
     assert (
-        "tensor_parallel_size" not in serve_loader("--engine", "hf", "--tensor-parallel-size", "8").keywords
+        loader.keywords["parallel"].tensor_parallel_size == 8
+        and loader.keywords["gpu_memory_utilization"] == 0.8
+    )
+    assert (
+        "gpu_memory_utilization" not in serve_loader("--engine", "hf", "--tensor-parallel-size", "8").keywords
     )

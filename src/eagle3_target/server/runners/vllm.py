@@ -19,6 +19,7 @@ from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_NAME
 from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import OutOfRange, TooLarge
+from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import (
     Capture,
     Captured,
@@ -101,13 +102,14 @@ class VLLMRunner(FinalHiddenRunner):
         device: str = "cpu",
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
-        tensor_parallel_size: int = 1,
+        parallel: ParallelLayout = ONE_DEVICE,
         gpu_memory_utilization: float = 0.6,
         max_model_len: int | None = None,
         max_batch_tokens: int = 16384,
         max_rows: int = 256,
     ) -> VLLMRunner:
         check_requirements(device)
+        tensor_parallel_size = parallel.tensor_parallel_size
         if VLLMRunner.loaded:
             raise ValueError(ONE_PER_PROCESS)
         if model is None:
