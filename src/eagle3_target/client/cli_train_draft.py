@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc), Exit.USAGE) from None
     if not args.config.is_file():
         raise CommandError(f"--config {args.config}: no such file", Exit.USAGE)
+    from .temp_dir import require_temp_dir
+
+    require_temp_dir()  # before NeMo's and torch's imports, which need one
     try:
         from . import nemo  # first: its ImportError says what to install
         from .nemo._imports import nemo_module
