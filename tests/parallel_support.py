@@ -74,6 +74,8 @@ def wait_gone(pids: list[int], within: float) -> float:
     """Seconds until every one of ``pids`` has exited; fails past ``within``."""
     start = time.monotonic()
     while any(alive(p) for p in pids):
-        assert time.monotonic() - start < within, f"still running after {within}s: {[p for p in pids if alive(p)]}"
+        assert time.monotonic() - start < within, (
+            f"still running after {within}s: {[p for p in pids if alive(p)]}"
+        )
         time.sleep(0.2)
     return time.monotonic() - start
