@@ -130,22 +130,13 @@ def free_name(target: str, ordinal: int, taken: set[str]) -> str:
     return candidate
 
 
-def plan(
-    target: str,
-    pods: list[PodState],
-    rollout: Rollout,
-    now: float = 0.0,
-    grace: float = 300.0,
-    lost: frozenset[str] = frozenset(),
-) -> Plan:
+def plan(target: str, pods: list[PodState], rollout: Rollout, now=0.0, grace=300.0, lost=frozenset()) -> Plan:
     """Deployment semantics over ordinals: never more than replicas + maxSurge pods (a pod still terminating
     holds its GPU, so it counts until abandoned) and never fewer than replicas - maxUnavailable ready ones.
     `lost` pods (on a dead node) count as gone at once; their names stay taken until the API drops them."""
-    result = Plan()
-    taken = {p.name for p in pods}
-    pods = [p for p in pods if p.name not in lost]
-    live = [p for p in pods if not p.terminating]
-    leaving = [p for p in pods if p.terminating and not p.abandoned(now, grace)]
+    result, taken = Plan(), {p.name for p in pods}
+    live = [p for p in pods if not p.terminating and p.name not in lost]
+    leaving = [p for p in pods if p.terminating and not p.abandoned(now, grace) and p.name not in lost]
     extras = sorted((p for p in live if not 0 <= p.ordinal < rollout.replicas), key=lambda p: -p.ordinal)
     finished = [p for p in live if 0 <= p.ordinal < rollout.replicas and p.phase in ("Failed", "Succeeded")]
     result.delete += [p.name for p in extras + finished]

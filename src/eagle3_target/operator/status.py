@@ -195,29 +195,34 @@ def compute_status(
         current = _fleet_conditions(pods, observed)
         _track_progress(current, previous, result, observed, at)
     stall = _stall(pods, observed, current)
-    ready = current[0]["status"] == "True"
-    current += [
+    current += _summary_conditions(current[0], stall, observed)
+    result["conditions"] = merge_conditions(previous.get("conditions"), current, format_time(at))
+    return result
+
+
+def _summary_conditions(ready_cond: dict, stall: tuple[str, str] | None, observed: Observed) -> list[dict]:
+    """Reconciling and Stalled (kstatus), and whether the budget blocks drains."""
+    ready = ready_cond["status"] == "True"
+    return [
         condition(
             "Reconciling",
             not ready and not stall,
-            current[0]["reason"],
-            current[0]["message"],
+            ready_cond["reason"],
+            ready_cond["message"],
             observed.generation,
         ),
         condition(
             "Stalled",
             stall is not None,
             stall[0] if stall else "AsExpected",
-            stall[1] if stall else current[0]["message"],
+            stall[1] if stall else ready_cond["message"],
             observed.generation,
         ),
         condition(
             "DrainsBlocked",
             bool(observed.drains_blocked),
             "NoEvictionAllowed" if observed.drains_blocked else "AsExpected",
-            observed.drains_blocked or "the PodDisruptionBudget lets drains evict pods one step at a time",
+            observed.drains_blocked or "drains may evict this target's pods",
             observed.generation,
         ),
     ]
-    result["conditions"] = merge_conditions(previous.get("conditions"), current, format_time(at))
-    return result
