@@ -24,7 +24,7 @@ from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
 from .nodes import NodeHealth, lost_pods
-from .planner import PodState, Rollout, plan
+from .planner import FAILING_REASONS, PodState, Rollout, plan
 from .status import Observed, compute_status
 from .target_spec import InvalidSpec, TargetSpec
 
@@ -295,14 +295,18 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
 
 
 async def _announce(children: Children, body: dict, previous: dict, status: dict) -> None:
-    """A Warning Event for an invalid spec or refused pods: one per distinct message, not one per pass."""
+    """A Warning Event for an invalid spec or refused pods (one per distinct message), and for each new
+    reason pods wait on (one per reason, not one per pass or per pod)."""
 
-    def degraded(block: dict) -> dict:
-        return next((c for c in block.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    def find(block: dict, type_: str) -> dict:
+        return next((c for c in block.get("conditions") or [] if c.get("type") == type_), {})
 
-    now, before = degraded(status), degraded(previous)
+    now, before = find(status, "Degraded"), find(previous, "Degraded")
     if now.get("reason") in ANNOUNCED and (now.get("reason"), now.get("message")) != (
         before.get("reason"),
         before.get("message"),
     ):
         await children.post_event(body, "Warning", now["reason"], now["message"])
+    ready, was = find(status, "Ready"), find(previous, "Ready")
+    if ready.get("reason") in FAILING_REASONS and ready["reason"] != was.get("reason"):
+        await children.post_event(body, "Warning", ready["reason"], ready["message"])
