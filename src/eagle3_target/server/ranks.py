@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from .parallel import ParallelLayout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("eagle3_target.server.ranks")  # the same name when run as __main__
 
 BEAT_EVERY = 1.0  # seconds between a rank's heartbeats
 STALE_AFTER = 10.0  # rank 0 calls a rank dead when its heartbeat has not moved for this long
