@@ -105,8 +105,19 @@ def batch():
     return ids, mask, loss
 
 
+def packed_body() -> bytes:
+    """One row of three documents (NeMo's packing: positions per document, a 0-length entry as its collate pads)."""
+    lengths = [11, 20, 9]
+    ids = torch.randint(0, V, (1, sum(lengths)), generator=torch.Generator().manual_seed(4))
+    ones = torch.ones_like(ids)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    packing = {"position_ids": positions, "seq_lens": torch.tensor([[*lengths, 0]])}
+    return wire.encode({"input_ids": ids, "attention_mask": ones, "loss_mask": ones, **packing})
+
+
 def replies(url: str) -> dict[str, torch.Tensor]:
-    """Everything compared: the nemo encoding, DFlash/JetSpec/DSpark features, lm_head rows, the weights."""
+    """Everything compared: the nemo encoding (also of a packed row), DFlash/JetSpec/DSpark features, lm_head rows,
+    the weights."""
     ids, mask, loss = batch()
     selected = torch.randperm(V, generator=torch.Generator().manual_seed(3))[:100]
     in_draft = torch.zeros(V, dtype=torch.bool)
@@ -124,6 +135,9 @@ def replies(url: str) -> dict[str, torch.Tensor]:
         header = family(name).ask(layers, L).to_header()
         body = post(url, "generate", generate_body(ids, mask, loss), **{FEATURES_HEADER: header})
         got.update({f"{name}.{k}": v for k, v in wire.decode(bytearray(body)).items()})
+    got.update(
+        {f"packed.{k}": v for k, v in wire.decode(bytearray(post(url, "generate", packed_body()))).items()}
+    )
     got["lm_head_rows"] = wire.decode(bytearray(post(url, "lm_head")))["weight"]
     for name in ("lm_head", "input_embeddings", "final_norm"):
         got[f"weights/{name}"] = wire.decode(bytearray(post(url, f"weights/{name}")))["weight"]
