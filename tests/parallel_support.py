@@ -3,6 +3,7 @@ tolerance against one device means something, and serve processes split over ran
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
-from target_support import PORT_TAKEN, free_port, generate_body, vocab_body
+from target_support import PORT_TAKEN, TargetProcess, free_port, generate_body, vocab_body
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3_target.protocol import wire
@@ -56,6 +57,19 @@ def refused_line(*serve_args: str) -> str:
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, proc.stderr
     return errors[0]
+
+
+@contextlib.contextmanager
+def two_serve_processes(flags: list[str]):
+    """`serve` as node-rank 0 and node-rank 1 of one replica (not waited for); both killed on the way out."""
+    started = []
+    try:
+        for rank in ("0", "1"):
+            started.append(TargetProcess("127.0.0.1", *flags, "--node-rank", rank))
+        yield started
+    finally:
+        for server in started:
+            server.kill()
 
 
 def children(pid: int) -> list[int]:

@@ -6,7 +6,7 @@ import json
 import urllib.error
 
 import pytest
-from parallel_support import OPENER, assert_close, post, replies, write_split_llama
+from parallel_support import OPENER, assert_close, post, replies, two_serve_processes, write_split_llama
 from target_support import TargetProcess, free_port
 
 
@@ -46,9 +46,7 @@ def test_two_serve_processes_as_two_nodes_answer_as_one_device(model, one_device
         "--master-port",
         str(free_port()),
     ]
-    leader = TargetProcess("127.0.0.1", *flags)
-    follower = TargetProcess("127.0.0.1", *flags, "--node-rank", "1")
-    try:
+    with two_serve_processes(flags) as (leader, follower):
         leader.wait_ready(300)
         assert layout(leader.url) == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "nnodes": 2}
         assert_close(replies(leader.url), one_device)
@@ -57,9 +55,6 @@ def test_two_serve_processes_as_two_nodes_answer_as_one_device(model, one_device
         with pytest.raises(urllib.error.HTTPError) as error:  # no model endpoints on node-rank 1
             post(follower.url, "model_info")
         assert error.value.code == 404
-    finally:
-        leader.kill()
-        follower.kill()
 
 
 def test_one_device_reports_no_layout(model):
