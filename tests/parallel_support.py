@@ -33,11 +33,11 @@ SPLIT_LLAMA = dict(
 )
 
 
-def write_split_llama(path: Path, seed: int = 0) -> Path:
+def write_split_llama(path: Path, seed: int = 0, **overrides) -> Path:
     """A random float32 Llama with embeddings x50 and lm_head x10: aux states and logits of order 1."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(LlamaConfig(**SPLIT_LLAMA))
+        model = LlamaForCausalLM(LlamaConfig(**{**SPLIT_LLAMA, **overrides}))
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(50)
         model.get_output_embeddings().weight.mul_(10)
