@@ -129,14 +129,16 @@ def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
             "(tensor x pipeline parallel size): every node runs the same number of ranks"
         )
     if config is not None:
-        _check_config(layout, config)
+        _check_config(engine, layout, config)
 
 
-def _check_config(layout: ParallelLayout, config) -> None:
+def _check_config(engine: str, layout: ParallelLayout, config) -> None:
     tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads and tp > 1 and (heads % tp or kv_heads % tp):
+    # vLLM copies each KV head to tp / kv_heads ranks when there are fewer KV heads than ranks
+    replicated = engine == "vllm" and tp % kv_heads == 0
+    if heads and tp > 1 and (heads % tp or (kv_heads % tp and not replicated)):
         raise UsageError(
             f"--tensor-parallel-size {tp} must divide both the model's {heads} attention heads and its "
             f"{kv_heads} key-value heads"
