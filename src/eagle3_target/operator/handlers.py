@@ -31,7 +31,8 @@ from .target_spec import InvalidSpec, TargetSpec
 LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
 POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
 EXPECTATION_TTL = 60.0  # seconds to trust our own creates/deletes over a watch that has not shown them yet
-ANNOUNCED = ("InvalidSpec", "FailedCreate")  # Degraded reasons that also become a Warning Event
+ANNOUNCED = ("InvalidSpec", "FailedCreate")
+MOUNT_GRACE = 10.0  # seconds in ContainerCreating before a pod's FailedMount Events are read  # Degraded reasons that also become a Warning Event
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,24 @@ class Tracked:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     created: dict[str, tuple[PodState, float]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
+    mounts: dict[str, str] = field(default_factory=dict)  # pod -> its volume's FailedMount message
+
+    async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
+        """On full passes: what pods stuck creating their containers wait on, from their Events."""
+        stuck = [p for p in pods if p.creating_since is not None and now - p.creating_since >= MOUNT_GRACE]
+        self.mounts = {
+            p.name: message for p in stuck if (message := await children.mount_failure(p.name, namespace))
+        }
+
+    def with_mounts(self, pods: list[PodState]) -> list[PodState]:
+        def failing(p: PodState) -> PodState:
+            message = self.mounts[p.name].split(" : ", 1)[-1]  # drop "MountVolume.SetUp failed for ..."
+            return dataclasses.replace(p, failing_reason="FailedMount", failing_message=message)
+
+        return [
+            failing(p) if p.name in self.mounts and p.creating_since and not p.failing_reason else p
+            for p in pods
+        ]
 
     def observe(self, indexed: list[PodState], now: float) -> list[PodState]:
         seen = {p.name: p for p in indexed}
@@ -197,6 +216,8 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             target, problems = None, [str(e)]
 
         pods = tracked.observe(list(index.get((namespace, name), [])), now)
+        if full:
+            await tracked.read_mounts(pods, memo.children, namespace, now)
         lost = lost_pods(pods, _nodes(memo), now)
         rollout, image, create_errors = Rollout(_desired_replicas(spec, pods), ""), "", []
         if target is not None and not problems:
@@ -208,7 +229,7 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             rollout = Rollout(target.replicas, revision, surge, unavailable, target.partition)
             create_errors = await _apply(target, tracked, pods, rollout, image, memo, full, now, lost)
             pods = tracked.observe(list(index.get((namespace, name), [])), now)
-        pods = [p for p in pods if p.name not in lost]
+        pods = tracked.with_mounts([p for p in pods if p.name not in lost])
 
         observed = Observed(
             rollout=rollout,

@@ -91,6 +91,14 @@ class Children:
             return False
         return True
 
+    async def mount_failure(self, pod: str, namespace: str) -> str | None:
+        """The kubelet's last FailedMount message for `pod` ('MountVolume.SetUp failed for volume "x" : secret
+        "y" not found'), or None: a missing Secret or ConfigMap shows nowhere else."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod},reason=FailedMount"
+        events = [e async for e in self.api.get("events", namespace=namespace, field_selector=selector)]
+        events.sort(key=lambda e: e.raw.get("lastTimestamp") or e.raw.get("eventTime") or "")
+        return events[-1].raw.get("message") if events else None
+
     async def namespace_terminating(self, namespace: str) -> bool:
         """Whether `namespace` is being deleted: the API server refuses anything created in it (403). A
         namespace already gone took its targets with it (their DELETED events follow)."""

@@ -20,9 +20,11 @@
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch, delete]
+# list: a pod stuck creating its containers waits on a volume whose Secret, ConfigMap or claim is missing,
+# which only its FailedMount Events say
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 # whether a target's namespace is being deleted (nothing can be created there); a Role in a watched namespace
 # grants get on that namespace itself
 - apiGroups: [""]
