@@ -8,7 +8,9 @@ log by the operator's ServiceAccount (every request of that identity, Lease rene
 the caller exactly; the API server's request metrics carry no user.
 
     export KUBEBUILDER_ASSETS=$(../shared/tools/k8s/unpack.sh)
-    python bench/operator_scale.py --targets 10 --replicas 4 --nodes 4      # root: hollow nodes need a bridge
+    python bench/operator_scale.py --targets 10 --replicas 2 --nodes 4      # root: hollow nodes need a bridge
+
+Each replica asks for one GPU and each hollow node has 8: keep targets x replicas <= 8 x nodes.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", type=int, default=10)
-    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--nodes", type=int, default=4, help="hollow nodes (8 GPUs, about 80 MB each)")
     p.add_argument("--quiet", type=float, default=60.0, help="seconds to count requests once all is Ready")
     p.add_argument("--timeout", type=float, default=600.0)
