@@ -187,15 +187,25 @@ def _limit_arguments(g) -> None:
 
 def _engine_arguments(g) -> None:
     g.add_argument(
-        "--tensor-parallel-size", type=positive_int, default=1, help="ranks each layer is split over (default 1)"
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks each layer is split over (default 1)",
     )
     g.add_argument(
-        "--pipeline-parallel-size", type=positive_int, default=1, help="ranks the layers are split over (default 1)"
+        "--pipeline-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the layers are split over (default 1)",
     )
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes one replica spans (default 1)")
-    g.add_argument("--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)")
+    g.add_argument(
+        "--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)"
+    )
     g.add_argument("--master-addr", default="127.0.0.1", help="node-rank 0's address, for --nnodes > 1")
-    g.add_argument("--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)")
+    g.add_argument(
+        "--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)"
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -229,6 +239,9 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be known wrong before the load; raises UsageError."""
     from . import preflight
 
+    if args.engine in preflight.ENGINE_PACKAGES:  # an image-text model: refused before the engine's import
+        preflight.check_model(args.model)
+        preflight.refuse_image_text(args.engine, args.model, args.trust_remote_code)
     preflight.check_engine(args.engine)
     preflight.check_device(args.device)
     if args.engine == "synthetic":

@@ -56,6 +56,8 @@ class RunnerInfo:
     # What capture() can give (protocol/features.py CAN_*) and which weights weight() hands out
     features: tuple[str, ...] = ()
     weights: tuple[str, ...] = ()
+    # Inputs besides text the target takes ("image"); empty for a text-only target
+    modalities: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -84,6 +86,7 @@ class RunnerInfo:
             encodings=self.encodings,
             features=self.features,
             weights=self.weights,
+            modalities=self.modalities or None,
             **per_server,
         )
 

@@ -1,4 +1,5 @@
-"""HF transformers runner: one AutoModelForCausalLM forward, aux states captured by forward hooks."""
+"""HF transformers runner: one forward of a causal LM (or an image-text model, hf_vlm.py), aux states
+captured by forward hooks."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .base import (
     RunnerInfo,
     resolve_dtype,
 )
+from .hf_vlm import load_pretrained, modalities
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
@@ -97,21 +99,29 @@ class HFRunner(FinalHiddenRunner):
         config = model.config
         layers = decoder_layers(model)
         param = next(model.parameters())
+        text_config = config.get_text_config()  # an image-text model's sizes are its language model's
+        takes = modalities(model)
         self.info = RunnerInfo.build(
             model=name,
             engine="hf",
             num_hidden_layers=len(layers),
-            hidden_size=int(getattr(config, "hidden_size", 0) or 0),
-            vocab_size=int(getattr(config, "vocab_size", 0) or 0),
+            hidden_size=int(getattr(text_config, "hidden_size", 0) or 0),
+            vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
             aux_layer_ids=aux_layer_ids,
             encodings=ENCODINGS if plain_lm_head(model) else EXACT_ENCODINGS,
             dtype=param.dtype,
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
             features=self.FEATURES
-            # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only)
-            + (() if "flash" in (getattr(config, "_attn_implementation", None) or "") else (CAN_PACKING,)),
+            # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only); an
+            # image-text model's multimodal RoPE has no per-document positions (NeMo refuses packing too)
+            + (
+                ()
+                if takes or "flash" in (getattr(config, "_attn_implementation", None) or "")
+                else (CAN_PACKING,)
+            ),
             weights=tuple(n for n in WEIGHT_NAMES if n != WEIGHT_FINAL_NORM or final_norm(model) is not None),
+            modalities=takes,
         )
         self._layers = layers
         self._head = model.get_output_embeddings()
@@ -134,12 +144,7 @@ class HFRunner(FinalHiddenRunner):
 
             module, name = build_tiny_llama().to(torch_dtype), EMBEDDED_MODEL
         else:
-            from transformers import AutoModelForCausalLM
-
-            module = AutoModelForCausalLM.from_pretrained(
-                model, dtype=torch_dtype, trust_remote_code=trust_remote_code
-            )
-            name = model
+            module, name = load_pretrained(model, torch_dtype, trust_remote_code), model
         log.info("loaded %s (%s) on %s", name, torch_dtype, device)
         return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
 
