@@ -63,3 +63,9 @@ def reply(
         del supervision["aux_hidden_states"]
         out.update(supervision)
     return out
+
+
+def image_mask(input_ids: torch.Tensor, image_token_id: int, shift: bool) -> torch.Tensor:
+    """ViSpec's image mask [B, S] bool: where input_ids hold the image placeholder, shifted left if asked."""
+    mask = input_ids == image_token_id
+    return shift_left(mask) if shift else mask

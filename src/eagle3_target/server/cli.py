@@ -19,6 +19,7 @@ from .options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IMAGE_TOKENS,
     DEFAULT_MAX_QUEUED_PER_SESSION,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PRIORITY,
@@ -144,6 +145,13 @@ def _limit_arguments(g) -> None:
         default=DEFAULT_MAX_BATCH_TOKENS,
         help=f"a /generate with more than this many tokens (batch x sequence) gets 413 "
         f"(default {DEFAULT_MAX_BATCH_TOKENS})",
+    )
+    g.add_argument(
+        "--max-image-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_IMAGE_TOKENS,
+        help="a feature request whose images take more image tokens than this gets 413 "
+        f"(default {DEFAULT_MAX_IMAGE_TOKENS})",
     )
     g.add_argument(
         "--max-sessions",

@@ -28,6 +28,7 @@ from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from . import features
 from .errors import InvalidInput, NotReady, NoVocabMapping, TooLarge
 from .host_copy import HostCopier, PendingCopy
+from .images import check_images
 from .metrics import ServerMetrics
 from .options import DEFAULT_PRIORITY, ServerOptions
 from .p2p.group import Transfer
@@ -278,6 +279,7 @@ class TargetService:
         )
         asked = features.requested(runner.info, request.features, request.encoding, request.p2p)
         encoding = _offered(runner, request.encoding)
+        check_images(inputs, runner.info, asked is not None, self.options.max_image_tokens)
         packing_offered(inputs, CAN_PACKING in runner.info.features, runner.info.engine)
         vocab = _vocab(session) if asked is None or asked.logits == LOGITS_DRAFT_PROBS else None
         job = _Job(runner, inputs, vocab, encoding, session.id, priority, features=asked)

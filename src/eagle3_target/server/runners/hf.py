@@ -11,6 +11,7 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 from eagle3_target.protocol.features import (
+    CAN_IMAGE_MASK,
     CAN_PACKING,
     WEIGHT_FINAL_NORM,
     WEIGHT_LM_HEAD,
@@ -27,7 +28,7 @@ from .base import (
     RunnerInfo,
     resolve_dtype,
 )
-from .hf_vlm import load_pretrained, modalities
+from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class HFRunner(FinalHiddenRunner):
         layers = decoder_layers(model)
         param = next(model.parameters())
         text_config = config.get_text_config()  # an image-text model's sizes are its language model's
-        takes = modalities(model)
+        takes, images = modalities(model), image_spec(config)
         self.info = RunnerInfo.build(
             model=name,
             engine="hf",
@@ -113,6 +114,7 @@ class HFRunner(FinalHiddenRunner):
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
             features=self.FEATURES
+            + ((CAN_IMAGE_MASK,) if images else ())
             # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only); an
             # image-text model's multimodal RoPE has no per-document positions (NeMo refuses packing too)
             + (
@@ -122,6 +124,7 @@ class HFRunner(FinalHiddenRunner):
             ),
             weights=tuple(n for n in WEIGHT_NAMES if n != WEIGHT_FINAL_NORM or final_norm(model) is not None),
             modalities=takes,
+            image_spec=images,
         )
         self._layers = layers
         self._head = model.get_output_embeddings()
@@ -170,13 +173,19 @@ class HFRunner(FinalHiddenRunner):
             mask = block_causal_mask(inputs.seq_lens, inputs.input_ids.shape[1], self.info.dtype, mask.device)
             packed["position_ids"] = inputs.position_ids
         captured: dict[object, torch.Tensor] = {}
-        points = [(i, self._layers[i] if i >= 0 else self.model.get_input_embeddings()) for i in want.layers]
         last = max(want.layers, default=None) if not (want.final_hidden or want.logits) else None
-        hooks = [module.register_forward_hook(_keep(captured, i, i == last)) for i, module in points]
+        hooks = [
+            self._layers[i].register_forward_hook(_keep(captured, i, i == last))
+            if i >= 0
+            else embedding_output_point(self.model, _keep(captured, i, i == last))
+            for i in want.layers
+        ]
         if want.final_hidden:
             hooks.append(self._head.register_forward_pre_hook(_keep_input(captured, stop=not want.logits)))
         try:
-            output = self.model(input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed)
+            output = self.model(
+                input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed, **inputs.images
+            )
         except _Stop:
             output = None
         finally:
