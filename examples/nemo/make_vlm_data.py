@@ -19,10 +19,9 @@ import argparse
 from pathlib import Path
 
 import torch
+from make_data import SPECIAL, TEMPLATE, write_conversations
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-from make_data import SPECIAL, TEMPLATE, write_conversations
 
 VOCAB = 1000
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
