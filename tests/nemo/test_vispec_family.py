@@ -3,11 +3,26 @@ Qwen2.5-VL (CPU, float32), every micro-batch loss (float32 bits) and every saved
 servers serving, the trainer's copy of the target without weight files.
 
 Stage 1's co-located reference loads its target with transformers' AutoModelForImageTextToText itself: it needs
-no CPU shim."""
+no CPU shim. Stage 2 is checked batch by batch here: the VispecTargetBatch our wrapper builds from the fleet
+against NeMo's HFVispecTargetModel on the same image-text batches (a whole stage-2 run needs NeMo's image data
+pipeline, which does not import on this CPU: docs/families.md)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
+from nemo_automodel.components.speculative.eagle.vispec_target import HFVispecTargetModel
+from transformers import AutoModelForImageTextToText
+from vlm_target import image_batch
+
+import eagle3_target.client.nemo as ours_module
+from eagle3_target.client.nemo.features import open_backend
+from eagle3_target.client.nemo.prefetch import PrefetchingLoader
+from eagle3_target.client.nemo.remote import backend_settings
+from eagle3_target.client.nemo.vispec import RemoteVispecTarget
+from eagle3_target.protocol.families import by_recipe
 
 from .exactness import (
     Family,
@@ -37,3 +52,33 @@ def test_vispec_stage1_on_the_fleet_is_bit_identical_to_nemos_colocated_recipe(
     extra = {"compact": True} if compact else {}
     ours = run_prefetched(STAGE1, target, fleet, tmp_path, monkeypatch, **extra)
     assert_exact(ours, references(STAGE1.recipe))
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["exact", "compact"])
+def test_vispec_stage2_batches_from_the_fleet_are_nemos_bit_for_bit(compact, target, fleet):
+    model = AutoModelForImageTextToText.from_pretrained(target.model, dtype=torch.float32)
+    nemo = HFVispecTargetModel(model, image_token_id=model.config.image_token_id)
+    remote = backend_settings({"endpoints": ",".join(s.url for s in fleet), "wait_timeout": 60})
+    family = by_recipe("TrainVispecRecipe")
+    backend, weights = open_backend(family, torch.device("cpu"), remote, compact=compact)
+    ours = RemoteVispecTarget(backend, weights, torch.device("cpu"), compact=compact)
+    before = [s.generated() for s in fleet]
+    batches = [image_batch(model, images_per_row=1 + i % 2, seed=i) for i in range(6)]
+    try:
+        for batch in PrefetchingLoader(batches, ours.prefetched):  # submitted ahead, with their images
+            want, got = nemo.generate_batch(**batch), ours.generate_batch(**batch)
+            for field in dataclasses.fields(want):
+                expected, value = getattr(want, field.name), getattr(got, field.name)
+                assert value.dtype == expected.dtype and torch.equal(value, expected), field.name
+    finally:
+        ours.close()
+    assert all(s.generated() > b for s, b in zip(fleet, before, strict=True)), "every server must serve"
+
+
+def test_both_vispec_recipes_are_exported_as_subclasses_of_nemos_own():
+    from nemo_automodel.recipes.llm import train_vispec
+
+    for name in ("TrainVispecStage1Recipe", "TrainVispecRecipe"):
+        assert name in ours_module.__all__ and issubclass(
+            getattr(ours_module, name), getattr(train_vispec, name)
+        )

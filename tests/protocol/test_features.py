@@ -60,7 +60,16 @@ def test_model_info_carries_features_and_weights_and_omits_them_when_empty():
 
 
 def test_every_family_is_found_and_asks_a_valid_request():
-    assert set(families()) == {"eagle3", "dflash", "jetspec", "dspark", "peagle", "eagle1", "vispec_stage1"}
+    assert set(families()) == {
+        "eagle3",
+        "dflash",
+        "jetspec",
+        "dspark",
+        "peagle",
+        "eagle1",
+        "vispec",
+        "vispec_stage1",
+    }
     for name, entry in families().items():
         for ask in filter(None, (entry.ask, entry.compact)):
             assert isinstance(ask([1, 9, 17, 25, 35], 36), Features), name

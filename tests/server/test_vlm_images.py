@@ -11,7 +11,7 @@ import pytest
 import torch
 from nemo_automodel.components.speculative.eagle.vispec_target import HFVispecTargetModel
 from target_support import serve
-from vlm_target import make_vlm_data
+from vlm_target import PER_IMAGE, SEQ, image_batch, make_vlm_data
 
 from eagle3_target.protocol import capture, wire
 from eagle3_target.protocol.contract import FEATURES_HEADER
@@ -22,36 +22,11 @@ from eagle3_target.server.runners.tiny import build_tiny_llama
 
 # ViSpec stage 2's request: the merged embedding output, the post-norm hidden, logits and image mask shifted.
 VISPEC = Features(layers=(-1,), final_hidden=True, logits=LOGITS_FULL, shift=True, image_mask=True)
-SEQ, PER_IMAGE = 16, 4  # a 56x56 image: 4x4 patches of 14 px, merged 2x2 into 4 image tokens
 
 
 @pytest.fixture(scope="module")
 def vlm():
     return make_vlm_data().build_tiny_qwen2_5_vl()
-
-
-def image_batch(model, images_per_row: int = 1, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Two rows of words, each with its images' placeholders, and the processor's tensors for them."""
-    config, gen = model.config, torch.Generator().manual_seed(seed)
-    ids = torch.randint(7, 900, (2, SEQ), generator=gen)
-    for row in range(2):
-        for image in range(images_per_row):
-            start = 2 + image * (PER_IMAGE + 2)
-            ids[row, start] = config.vision_start_token_id
-            ids[row, start + 1 : start + 1 + PER_IMAGE] = config.image_token_id
-            ids[row, start + 1 + PER_IMAGE] = config.vision_end_token_id
-    images = 2 * images_per_row
-    grid = torch.tensor([[1, 4, 4]] * images, dtype=torch.int64)
-    patch_dim = 3 * 2 * 14 * 14
-    pixels = torch.randn(16 * images, patch_dim, generator=gen).to(torch.bfloat16)
-    return dict(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        loss_mask=torch.ones_like(ids),
-        pixel_values=pixels,
-        image_grid_thw=grid,
-        mm_token_type_ids=(ids == config.image_token_id).long(),
-    )
 
 
 async def ask(srv, body: dict[str, torch.Tensor], features: Features | None = VISPEC):
