@@ -6,7 +6,8 @@ exactness, and tokens/s through one server against the bare forward, on the CPU.
 
 1. Bytes per token of each family's /generate reply (protocol/families) at NeMo's shapes: Qwen3-8B
    (36 layers, hidden 4096, vocab 151936) for DFlash (5 layers), JetSpec and DSpark; Llama-3.1-8B
-   (32 layers, hidden 4096, vocab 128256) for P-EAGLE, EAGLE-1 and EAGLE-3 (draft vocabulary 32000),
+   (32 layers, hidden 4096, vocab 128256) for P-EAGLE, EAGLE-1 and EAGLE-3 (draft vocabulary 32000);
+   Qwen2.5-VL-7B's language model (28 layers, hidden 3584, vocab 152064) for ViSpec's two stages;
    bf16, B x S = 1 x 4096. Computed from the reply's shapes with the wire format's own entry headers
    (on meta tensors: nothing is allocated), so they are the bytes the server sends; the smoke test
    checks them against a real reply. "compact" is the family's compact request: the post-norm hidden
@@ -14,7 +15,7 @@ exactness, and tokens/s through one server against the bare forward, on the CPU.
 2. The compact option's logits, F.linear(final_hidden, lm_head) on the trainer, against the logits the
    server's forward computes, on a random Llama on the CPU in float32 and bfloat16: max |diff|, and
    whether they are bit-identical for the same batch, and for one row of it.
-3. Tokens/s of each family's request through one server (loopback HTTP, RemoteTargetBackend.capture)
+3. Tokens/s of each text family's request through one server (loopback HTTP, RemoteTargetBackend.capture)
    against the bare capture (the same runner called directly), measured in turn in this run.
 """
 
@@ -36,7 +37,7 @@ from aiohttp import web
 
 from eagle3_target.protocol import capture, wire
 from eagle3_target.protocol.families import families
-from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
+from eagle3_target.protocol.features import CAN_IMAGE_MASK, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
@@ -47,6 +48,7 @@ from engine_throughput import BENCH_LLAMA  # noqa: E402  (the sibling bench's mo
 
 QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
 LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
+QWEN25_VL_7B = dict(num_hidden_layers=28, hidden_size=3584, vocab_size=152064)  # its language model
 DRAFT_VOCAB = 32000
 # family -> (the target NeMo's recipe pairs it with here, target_layer_ids)
 REAL = {
@@ -56,6 +58,8 @@ REAL = {
     "peagle": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),  # EAGLE-3's default aux layers
     "eagle1": ("Llama-3.1-8B", LLAMA31_8B, []),
     "eagle3": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),
+    "vispec_stage1": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),
+    "vispec": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),  # the merged embedding output is layer -1
 }
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
 
@@ -73,10 +77,13 @@ def reply_bytes(features: Features, batch: int, seq: int, shape: dict, dtype=tor
 
 
 def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
-    """Each family's exact request and, where it has one, its compact request."""
+    """Each text family's exact request and, where it has one, its compact request (a text-only target:
+    the families whose request needs an image-text target's image mask are left out)."""
     out = {}
     for name, family in families().items():
         ids = layer_ids[: 3 if name in ("peagle", "eagle3") else 5]
+        if CAN_IMAGE_MASK in family.ask(ids, num_layers).needs():
+            continue
         out[name] = family.ask(ids, num_layers)
         if family.compact is not None:
             out[f"{name} compact"] = family.compact(ids, num_layers)
