@@ -6,8 +6,7 @@ exactness, and tokens/s through one server against the bare forward, on the CPU.
 
 1. Bytes per token of each family's /generate reply (protocol/families) at NeMo's shapes: Qwen3-8B
    (36 layers, hidden 4096, vocab 151936) for DFlash (5 layers), JetSpec and DSpark; Llama-3.1-8B
-   (32 layers, hidden 4096, vocab 128256) for P-EAGLE, EAGLE-1 and EAGLE-3 (draft vocabulary 32000);
-   Qwen2.5-VL-7B's language model (28 layers, hidden 3584, vocab 152064) for ViSpec's two stages;
+   (32 layers, hidden 4096, vocab 128256) for P-EAGLE, EAGLE-1 and EAGLE-3 (draft vocabulary 32000),
    bf16, B x S = 1 x 4096. Computed from the reply's shapes with the wire format's own entry headers
    (on meta tensors: nothing is allocated), so they are the bytes the server sends; the smoke test
    checks them against a real reply. "compact" is the family's compact request: the post-norm hidden
@@ -15,7 +14,7 @@ exactness, and tokens/s through one server against the bare forward, on the CPU.
 2. The compact option's logits, F.linear(final_hidden, lm_head) on the trainer, against the logits the
    server's forward computes, on a random Llama on the CPU in float32 and bfloat16: max |diff|, and
    whether they are bit-identical for the same batch, and for one row of it.
-3. Tokens/s of each text family's request through one server (loopback HTTP, RemoteTargetBackend.capture)
+3. Tokens/s of each family's request through one server (loopback HTTP, RemoteTargetBackend.capture)
    against the bare capture (the same runner called directly), measured in turn in this run.
 """
 
@@ -50,7 +49,7 @@ QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
 LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
 QWEN25_VL_7B = dict(num_hidden_layers=28, hidden_size=3584, vocab_size=152064)  # its language model
 DRAFT_VOCAB = 32000
-# family -> (the target NeMo's recipe pairs it with here, target_layer_ids)
+# family -> (the target NeMo's recipe pairs it with here, target_layer_ids); any other family: DEFAULT_REAL
 REAL = {
     "dflash": ("Qwen3-8B", QWEN3_8B, [1, 9, 17, 25, 33]),  # DFlash's build_target_layer_ids(36, 5)
     "jetspec": ("Qwen3-8B", QWEN3_8B, [1, 9, 17, 25, 33]),
@@ -61,6 +60,7 @@ REAL = {
     "vispec_stage1": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),
     "vispec": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),  # the merged embedding output is layer -1
 }
+DEFAULT_REAL = REAL["dflash"]
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
 
 
@@ -76,13 +76,22 @@ def reply_bytes(features: Features, batch: int, seq: int, shape: dict, dtype=tor
     return total
 
 
+def image_text(family) -> bool:
+    """Whether a family's request needs an image-text target."""
+    return CAN_IMAGE_MASK in family.ask([0], 2).needs()
+
+
+def real(family: str) -> tuple[str, dict, list[int]]:
+    return REAL.get(family, DEFAULT_REAL)
+
+
 def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
     """Each text family's exact request and, where it has one, its compact request (a text-only target:
     the families whose request needs an image-text target's image mask are left out)."""
     out = {}
     for name, family in families().items():
-        ids = layer_ids[: 3 if name in ("peagle", "eagle3") else 5]
-        if CAN_IMAGE_MASK in family.ask(ids, num_layers).needs():
+        ids = layer_ids[: len(real(name)[2]) or None]
+        if image_text(family):
             continue
         out[name] = family.ask(ids, num_layers)
         if family.compact is not None:
@@ -93,7 +102,7 @@ def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
 def bytes_table(seq: int = 4096) -> dict:
     rows = {}
     for name, family in families().items():
-        model, shape, ids = REAL[name]
+        model, shape, ids = real(name)
         asks = {name: family.ask(ids, shape["num_hidden_layers"])}
         if family.compact is not None:
             asks[f"{name} compact"] = family.compact(ids, shape["num_hidden_layers"])

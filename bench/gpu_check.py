@@ -121,28 +121,28 @@ async def service_two_in_flight(service, inputs: dict, vocab: dict, repeats: int
     import dataclasses
 
     from eagle3_target.protocol import wire
-    from eagle3_target.server.service import GenerateRequest
+    from eagle3_target.server.pipeline import GenerateRequest
 
-    request, options = wire.encode(inputs), service.options
-    await service.set_vocab_mapping("gpu-check", bytearray(wire.encode(vocab)))
+    request, options = wire.encode(inputs), service.pipeline.options
+    await service.clients.set_vocab_mapping("gpu-check", bytearray(wire.encode(vocab)))
 
     async def lane(name: str, count: int) -> None:
         for _ in range(count):
-            async with service.generate(GenerateRequest("gpu-check", bytearray(request), name)):
+            async with service.pipeline.generate(GenerateRequest("gpu-check", bytearray(request), name)):
                 pass  # the reply is in host memory, ready to send
 
     results = {}
     try:
         for name in ENCODINGS:
             for mode, overlap in COPY_MODES.items():
-                service.options = dataclasses.replace(options, overlap_host_copy=overlap)
+                service.pipeline.options = dataclasses.replace(options, overlap_host_copy=overlap)
                 await asyncio.gather(lane(name, 1), lane(name, 1))  # warm-up
                 count = max(2, 2 * repeats)  # the last reply's copy overlaps nothing: make it a small share
                 start = time.perf_counter()
                 await asyncio.gather(lane(name, count), lane(name, count))
                 results.setdefault(name, {})[mode] = (time.perf_counter() - start) / (2 * count)
     finally:
-        service.options = options
+        service.pipeline.options = options
     return results
 
 

@@ -18,11 +18,11 @@ from transformers import AutoModelForImageTextToText
 from vlm_target import image_batch
 
 import eagle3_target.client.nemo as ours_module
-from eagle3_target.client.nemo.features import open_backend
+from eagle3_target.client.nemo.fleet_target import open_backend
 from eagle3_target.client.nemo.prefetch import PrefetchingLoader
-from eagle3_target.client.nemo.remote import backend_settings
+from eagle3_target.client.nemo.registry import by_recipe
+from eagle3_target.client.nemo.remote import RemoteTargetSettings
 from eagle3_target.client.nemo.vispec import RemoteVispecTarget
-from eagle3_target.protocol.families import by_recipe
 
 from .exactness import (
     Family,
@@ -58,10 +58,10 @@ def test_vispec_stage1_on_the_fleet_is_bit_identical_to_nemos_colocated_recipe(
 def test_vispec_stage2_batches_from_the_fleet_are_nemos_bit_for_bit(compact, target, fleet):
     model = AutoModelForImageTextToText.from_pretrained(target.model, dtype=torch.float32)
     nemo = HFVispecTargetModel(model, image_token_id=model.config.image_token_id)
-    remote = backend_settings({"endpoints": ",".join(s.url for s in fleet), "wait_timeout": 60})
-    family = by_recipe("TrainVispecRecipe")
-    backend, weights = open_backend(family, torch.device("cpu"), remote, compact=compact)
-    ours = RemoteVispecTarget(backend, weights, torch.device("cpu"), compact=compact)
+    section = {"endpoints": ",".join(s.url for s in fleet), "wait_timeout": 60, "compact": compact}
+    settings = RemoteTargetSettings.parse(section)
+    backend, weights = open_backend(by_recipe("TrainVispecRecipe").request, torch.device("cpu"), settings)
+    ours = RemoteVispecTarget(backend, weights, torch.device("cpu"), settings)
     before = [s.generated() for s in fleet]
     batches = [image_batch(model, images_per_row=1 + i % 2, seed=i) for i in range(6)]
     try:

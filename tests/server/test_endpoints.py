@@ -152,7 +152,7 @@ async def test_failed_load_stops_the_server():
 
     async with serve(broken, wait=False) as srv:
         await asyncio.wait_for(srv.server.service.stopped.wait(), 10)
-        assert isinstance(srv.server.service.load_error, RuntimeError)
+        assert isinstance(srv.server.service.model.load_error, RuntimeError)
         assert (await srv.get("livez")).status == 200  # still answers until the process exits
 
 

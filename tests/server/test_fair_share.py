@@ -16,8 +16,9 @@ from eagle3_target.protocol.features import LOGITS_FULL, Features
 from eagle3_target.server.host_copy import HostCopier
 from eagle3_target.server.metrics import ServerMetrics
 from eagle3_target.server.options import ServerOptions
+from eagle3_target.server.pipeline import GenerateRequest
 from eagle3_target.server.runners.synthetic import SyntheticRunner
-from eagle3_target.server.service import GenerateRequest, TargetService
+from eagle3_target.server.service import TargetService
 
 V = 64
 MAPPING = vocab_body(torch.arange(8), torch.arange(V) < 8)
@@ -66,7 +67,7 @@ async def test_a_session_past_its_queue_cap_gets_429_with_retry_after_and_others
         polite = {contract.SESSION_HEADER: "polite"}
         for h in (headers, polite):
             assert (await target.post("set_vocab_mapping", MAPPING, headers=h)).status == 200
-        turns = target.server.service.turns
+        turns = target.server.service.pipeline.turns
         first = asyncio.create_task(target.post("generate", generate_body(ids(1)), headers=headers))
         await until(lambda: log)  # computing: holds the turn
         queued = asyncio.create_task(target.post("generate", generate_body(ids(2)), headers=headers))
@@ -147,19 +148,19 @@ async def two_requests(overlap: bool, features: str | None, monkeypatch) -> tupl
     svc = TargetService(
         lambda: LoggedRunner(log, second=gate), ServerOptions(overlap_host_copy=overlap), ServerMetrics()
     )
-    svc.copier = HostCopier(FakeStreams(log, gate))
+    svc.pipeline.copier = HostCopier(FakeStreams(log, gate))
     answers = []
 
     async def one(session: str, first: int) -> None:
         request = GenerateRequest(session, bytearray(generate_body(ids(first))), features=features)
-        async with svc.generate(request) as answer:
+        async with svc.pipeline.generate(request) as answer:
             answers.append((first, answer.supervision, answer.timings))
 
     async with svc.running():
-        await until(lambda: svc.status() == "ok")
+        await until(lambda: svc.model.status() == "ok")
         logging_projections(monkeypatch, log)  # after the warm-up's
         for session in ("a", "b"):
-            await svc.set_vocab_mapping(session, bytearray(MAPPING))
+            await svc.clients.set_vocab_mapping(session, bytearray(MAPPING))
         first = asyncio.create_task(one("a", 1))
         await until(lambda: log)  # a holds the turn before b asks: the order under test is the copy's alone
         await asyncio.gather(first, one("b", 2))
@@ -198,11 +199,11 @@ async def test_the_projection_and_copy_run_beside_the_next_forward_in_order_and_
         lambda: SyntheticRunner(vocab_size=V, dtype="float32"), ServerOptions(), ServerMetrics()
     )
     async with reference.running():
-        await until(lambda: reference.status() == "ok")
-        await reference.set_vocab_mapping("r", bytearray(MAPPING))
+        await until(lambda: reference.model.status() == "ok")
+        await reference.clients.set_vocab_mapping("r", bytearray(MAPPING))
         for first, supervision, timings in answers:
             body = bytearray(generate_body(ids(first)))
-            async with reference.generate(GenerateRequest("r", body, features=features)) as want:
+            async with reference.pipeline.generate(GenerateRequest("r", body, features=features)) as want:
                 assert supervision.keys() == want.supervision.keys()
                 for key, value in want.supervision.items():
                     assert torch.equal(supervision[key], value), (first, key)
@@ -221,6 +222,6 @@ def test_the_serve_flags_reach_the_scheduler():
     )
     assert options.max_queued_per_session == 4 and options.max_priority == "high"
     service = TargetService(lambda: SyntheticRunner(), options, ServerMetrics())
-    assert service.turns.max_queued_per_session == 4
+    assert service.pipeline.turns.max_queued_per_session == 4
     defaults = ServerOptions.from_args(parser.parse_args([]))
     assert (defaults.max_queued_per_session, defaults.max_priority) == (32, "normal")

@@ -90,7 +90,7 @@ async def test_draft_probs_are_the_nemo_encodings_supervision(tiny):
     in_draft = torch.zeros(V, dtype=torch.bool)
     in_draft[selected] = True
     async with serve(lambda: HFRunner(tiny, name="tiny")) as srv:
-        features = family("eagle3").ask(srv.server.service.runner.info.aux_layer_ids, L)
+        features = family("eagle3").ask(srv.server.service.model.runner.info.aux_layer_ids, L)
         status, body = await ask(srv, features, ids, mask, loss)
         assert status == 409 and body["error"] == "no_vocab_mapping"  # draft_probs need the mapping
         await srv.post("set_vocab_mapping", vocab_body(selected, in_draft))

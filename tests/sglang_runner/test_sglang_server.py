@@ -34,7 +34,7 @@ async def test_generate_serves_the_sglang_supervision(fake_sglang):
         async with srv.http.post(f"{srv.url}/generate", data=body) as resp:
             assert resp.status == 200
             out = wire.decode(bytearray(await resp.read()))
-        runner = srv.server.service.runner
+        runner = srv.server.service.model.runner
         logits, aux = runner.forward(input_ids, attention_mask)
 
         left_padded = attention_mask.flip(1)

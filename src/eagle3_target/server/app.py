@@ -22,9 +22,10 @@ from eagle3_target.protocol.wire import EncodedBlob
 from . import middlewares
 from .metrics import ServerMetrics
 from .options import ServerOptions
+from .pipeline import Answer, GenerateRequest
 from .runners import TargetRunner
 from .send import send_body
-from .service import Answer, GenerateRequest, TargetService
+from .service import TargetService
 from .sessions import session_id
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,12 @@ class TargetServer:
 
     async def drain(self) -> None:
         """Stop taking work and wait, up to drain_timeout, for the requests in flight to finish."""
-        self.service.draining = True
+        self.service.drain()
         self.metrics.ready.set(0)
         log.info(
             "draining: %d requests in flight, up to %.0fs", self.in_flight.count, self.options.drain_timeout
         )
-        if self.service.runner is None:
+        if self.service.model.runner is None:
             return  # still loading: nothing to finish
         await self.in_flight.settle(self.options.drain_timeout)
         if self.in_flight.count:
@@ -126,10 +127,10 @@ class TargetServer:
     # -- endpoints -------------------------------------------------------------------------
 
     async def livez(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive", "ready": self.service.runner is not None})
+        return web.json_response({"status": "alive", "ready": self.service.model.runner is not None})
 
     async def health(self, request: web.Request) -> web.Response:
-        status = self.service.status()
+        status = self.service.model.status()
         return web.json_response({"status": status}, status=200 if status == "ok" else 503)
 
     async def prometheus(self, request: web.Request) -> web.Response:
@@ -137,32 +138,32 @@ class TargetServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        self.service.heartbeat(_session_id(request))
+        self.service.clients.heartbeat(_session_id(request))
         return web.json_response({"status": "ok"})
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return web.json_response(self.service.model_info(_session_id(request)).to_json())
+        return web.json_response(self.service.clients.model_info(_session_id(request)).to_json())
 
     async def input_embeddings(self, request: web.Request) -> web.StreamResponse:
-        weight = await self.service.input_embeddings(_session_id(request))
+        weight = await self.service.weights.input_embeddings(_session_id(request))
         return await self.stream_blob(request, EncodedBlob({"weight": weight}))
 
     async def set_vocab_mapping(self, request: web.Request) -> web.Response:
-        await self.service.set_vocab_mapping(_session_id(request), bytearray(await request.read()))
+        await self.service.clients.set_vocab_mapping(_session_id(request), bytearray(await request.read()))
         return web.json_response({"status": "ok"})
 
     async def lm_head(self, request: web.Request) -> web.StreamResponse:
-        rows = await self.service.lm_head_rows(_session_id(request))
+        rows = await self.service.weights.lm_head_rows(_session_id(request))
         return await self.stream_blob(request, EncodedBlob({"weight": rows}))
 
     async def weight(self, request: web.Request) -> web.StreamResponse:
-        tensor = await self.service.weight(_session_id(request), request.match_info["name"])
+        tensor = await self.service.weights.weight(_session_id(request), request.match_info["name"])
         return await self.stream_blob(request, EncodedBlob({"weight": tensor}))
 
     async def init_nccl(self, request: web.Request) -> web.Response:
         # The store binds the address this request reached: our pod address, never a wildcard.
         address = request.transport.get_extra_info("sockname")[0]
-        reply = await self.service.init_p2p(_session_id(request), address, await request.read())
+        reply = await self.service.clients.init_p2p(_session_id(request), address, await request.read())
         return web.json_response(reply)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -176,7 +177,7 @@ class TargetServer:
             priority=request.headers.get(contract.PRIORITY_HEADER),
         )
         echo = binding.reply_headers(request.headers, asked.body)  # {} for a stock NeMo client
-        async with self.service.generate(asked) as answer:
+        async with self.service.pipeline.generate(asked) as answer:
             if answer.transfer is not None:
                 return await self._deliver_p2p(request, answer, echo)
             start = time.perf_counter()
@@ -186,7 +187,7 @@ class TargetServer:
             headers = {"Server-Timing": _server_timing(answer.timings), **answer.headers(), **echo}
             response = await self.stream_blob(request, blob, headers)
             answer.timings["send"] = time.perf_counter() - start
-            self.service.delivered(answer, "wire", blob.nbytes)
+            self.service.pipeline.delivered(answer, "wire", blob.nbytes)
             return response
 
     async def _deliver_p2p(
@@ -217,11 +218,11 @@ class TargetServer:
             request.protocol.force_close()
             return response
         answer.timings["send"] = time.perf_counter() - start
-        self.service.delivered(answer, "p2p", sent)
+        self.service.pipeline.delivered(answer, "p2p", sent)
         return response
 
     async def disconnect(self, request: web.Request) -> web.Response:
-        self.service.disconnect(_session_id(request))
+        self.service.clients.disconnect(_session_id(request))
         return web.json_response({"status": "ok"})
 
 

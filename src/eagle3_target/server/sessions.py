@@ -26,7 +26,7 @@ from prometheus_client import Gauge
 
 from eagle3_target.protocol.supervision import VocabMapping
 
-from .errors import TooManySessions
+from .errors import NoVocabMapping, TooManySessions
 from .options import DEFAULT_MAX_SESSIONS
 
 PEER_PREFIX = "peer:"
@@ -42,6 +42,12 @@ class Session:
     id: str
     last_seen: float
     vocab: VocabMapping | None = None
+
+    def mapping(self) -> VocabMapping:
+        """The session's vocab mapping; NoVocabMapping if it has sent none."""
+        if self.vocab is None:
+            raise NoVocabMapping()
+        return self.vocab
 
 
 class SessionTable:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -25,12 +24,6 @@ def packing(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
 def image_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """An image-text batch's image tensors (contract.IMAGE_KEYS), as its processor made them; none for text."""
     return {k: batch[k] for k in IMAGE_KEYS if batch.get(k) is not None}
-
-
-def depth_setting(value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"remote_target.prefetch_depth={value!r}: a positive integer, or leave it out")
-    return value
 
 
 class PrefetchedBatches:

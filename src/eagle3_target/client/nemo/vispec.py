@@ -1,14 +1,16 @@
-"""NeMo's ViSpec recipes (arXiv:2509.15235) with the fleet as their vision-language target.
+"""NeMo's ViSpec stage 2 (TrainVispecRecipe, arXiv:2509.15235) with the fleet as its vision-language target.
 
-Stage 1 (TrainVispecStage1Recipe) is EAGLE-1's training plus a ranking term, on text, against the target's
-language model: the fleet sends EAGLE-1's features (eagle1.py's RemoteEagleTarget builds NeMo's batch from
-them, ``remote_target.compact`` included). Stage 2 (TrainVispecRecipe) trains on image-text batches: each
-request carries the batch's images, and the fleet sends the merged embedding output, the post-norm hidden
-state, the logits and the image mask (protocol/families/vispec.py); RemoteVispecTarget builds NeMo's
-VispecTargetBatch from them. NeMo's setup loads the target with transformers' AutoModelForImageTextToText and
-checks that its input embedding looks trained; here it reads the config only and NeMo's check runs on the
-embedding fetched from the fleet.
-YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py) with ``prefetch_depth`` and ``compact``.
+Stage 2 trains on image-text batches: each request carries its batch's images as the processor made them
+(contract.IMAGE_KEYS; NeMo's pipeline casts pixel_values to bfloat16 and they travel so), and the fleet sends
+the embedding output with the image features merged in, the post-norm hidden state, the logits and the image
+mask (protocol/families/vispec.py); RemoteVispecTarget builds NeMo's VispecTargetBatch from them. With
+``remote_target.compact: true`` the logits are the lm_head the trainer holds applied to the hidden state.
+
+Both ViSpec recipes load their target with transformers' AutoModelForImageTextToText inside one setup() and
+check that its input embedding looks trained (``raise_if_target_not_materialized``): within that setup the
+loader reads the config only, the wrapper is the fleet's, and the check runs afterwards on the embedding the
+fleet handed out.
+YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py).
 """
 
 from __future__ import annotations
@@ -20,47 +22,17 @@ from typing import Any
 import torch
 
 from eagle3_target.protocol.contract import IMAGE_KEYS
-from eagle3_target.protocol.families import by_recipe
 
 from ._imports import nemo_module
-from .eagle1 import RemoteEagle1Recipe
-from .features import FeatureTarget, open_backend, shift_left
-from .prefetch import image_inputs
+from .captures import shift_left
+from .family import FleetFamily
+from .fleet_recipe import FleetRecipe
+from .fleet_target import FleetTarget
 from .takeover import ConfigOnlyLoader
 
 _vispec = nemo_module("recipes.llm.train_vispec")
 _vispec_target = nemo_module("components.speculative.eagle.vispec_target")
-
-
-class RemoteVispecTarget(FeatureTarget):
-    """Duck-typed as NeMo's HFVispecTargetModel: ``generate_batch(input_ids, attention_mask, loss_mask,
-    **vision_inputs)`` returns its VispecTargetBatch."""
-
-    def __init__(self, backend, weights, device: torch.device, prefetch_depth=None, *, compact=False):
-        super().__init__(backend, weights, device, prefetch_depth)
-        self.compact = compact
-
-    @torch.no_grad()
-    def generate_batch(self, input_ids, attention_mask, loss_mask, **vision_inputs):
-        unknown = sorted(k for k, v in vision_inputs.items() if v is not None and k not in IMAGE_KEYS)
-        if unknown:
-            raise ValueError(f"the fleet takes images ({', '.join(IMAGE_KEYS)}), not {', '.join(unknown)}")
-        images = image_inputs(vision_inputs)
-        captured = self.prefetched.take(input_ids, attention_mask, loss_mask, images=images)
-        inputs = dict(attention_mask=attention_mask, loss_mask=loss_mask)
-        return self.to_batch(self._on_device(captured), inputs)
-
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
-        hidden = captured["final_hidden"]
-        logits = shift_left(self.get_lm_head()(hidden)) if self.compact else captured["logits"]
-        return _vispec_target.VispecTargetBatch(
-            inputs_embeds=shift_left(captured["hidden_states"]),
-            input_hidden_states=hidden,
-            target_logits=logits,
-            attention_mask=inputs["attention_mask"],
-            loss_mask=shift_left(inputs["loss_mask"]),
-            image_mask=captured["image_mask"],
-        )
+BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "position_ids", "seq_lens", "doc_remaining")
 
 
 class FetchedEmbeddings:
@@ -89,38 +61,51 @@ def swapped(module, **replacements) -> Iterator[None]:
             setattr(module, name, value)
 
 
-class TrainVispecStage1Recipe(RemoteEagle1Recipe, _vispec.TrainVispecStage1Recipe):
-    """NeMo's TrainVispecStage1Recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+class VispecFleetRecipe(FleetRecipe):
+    """Mixed in before a NeMo ViSpec recipe: its target loader, wrapper and untrained-target check taken over."""
 
-    def setup(self):
-        checked: list[str] = []  # the target paths NeMo's setup asked to check, checked after the fetch
-        with swapped(
+    replaced_wrapper = "HFVispecTargetModel"
+
+    def fleet_setup(self):
+        self._checked: list[str] = []  # the target paths NeMo's setup asked to check, checked after the fetch
+        return swapped(
             _vispec,
             AutoModelForImageTextToText=ConfigOnlyLoader,
-            HFEagleTargetModel=self._fleet_wrapper,
-            raise_if_target_not_materialized=lambda _target, path: checked.append(path),
-        ):
-            super().setup()
-        for path in checked:
+            raise_if_target_not_materialized=lambda _target, path: self._checked.append(path),
+            **{self.replaced_wrapper: lambda _config_only, **_kw: self.open_fleet_target()},
+        )
+
+    def setup(self):
+        super().setup()
+        for path in self._checked:
             _vispec.raise_if_target_not_materialized(FetchedEmbeddings(self.target_wrapper), path)
 
 
-class TrainVispecRecipe(RemoteEagle1Recipe, _vispec.TrainVispecRecipe):
+class RemoteVispecTarget(FleetTarget):
+    """Duck-typed as NeMo's HFVispecTargetModel: ``generate_batch(input_ids, attention_mask, loss_mask,
+    **vision_inputs)`` returns its VispecTargetBatch."""
+
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
+        media = sorted(k for k, v in inputs.items() if v is not None and k not in (*BATCH_KEYS, *IMAGE_KEYS))
+        if media:
+            raise ValueError(f"the fleet takes images ({', '.join(IMAGE_KEYS)}), not {', '.join(media)}")
+        return _vispec_target.VispecTargetBatch(
+            inputs_embeds=shift_left(captured["hidden_states"]),
+            input_hidden_states=captured["final_hidden"],
+            target_logits=shift_left(self.logits(captured)) if self.compact else captured["logits"],
+            attention_mask=inputs["attention_mask"],
+            loss_mask=shift_left(inputs["loss_mask"]),
+            image_mask=captured["image_mask"],
+        )
+
+
+class TrainVispecRecipe(VispecFleetRecipe, _vispec.TrainVispecRecipe):
     """NeMo's TrainVispecRecipe (ViSpec stage 2), unchanged but for where the target runs: the fleet."""
 
-    def setup(self):
-        checked: list[str] = []
-        with swapped(
-            _vispec,
-            AutoModelForImageTextToText=ConfigOnlyLoader,
-            HFVispecTargetModel=self._vispec_wrapper,
-            raise_if_target_not_materialized=lambda _target, path: checked.append(path),
-        ):
-            super().setup()
-        for path in checked:
-            _vispec.raise_if_target_not_materialized(FetchedEmbeddings(self.target_wrapper), path)
 
-    def _vispec_wrapper(self, _config_only_target, *, image_token_id: int) -> RemoteVispecTarget:
-        family = by_recipe(type(self).__name__)
-        backend, weights = open_backend(family, self.device, self.remote_target, compact=self.compact)
-        return RemoteVispecTarget(backend, weights, self.device, self.prefetch_depth, compact=self.compact)
+FAMILY = FleetFamily(
+    name="vispec",
+    recipes=("TrainVispecRecipe",),
+    replaces="HFVispecTargetModel",
+    target=RemoteVispecTarget,
+)

@@ -8,7 +8,6 @@ from . import Family
 
 FAMILY = Family(
     name="vispec",
-    recipes=("TrainVispecRecipe",),
     ask=lambda _layers, _n: Features(
         layers=(EMBEDDING_OUTPUT,), final_hidden=True, logits=LOGITS_FULL, shift=True, image_mask=True
     ),

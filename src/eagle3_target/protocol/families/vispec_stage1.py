@@ -7,9 +7,7 @@ from . import Family
 
 FAMILY = Family(
     name="vispec_stage1",
-    recipes=("TrainVispecStage1Recipe",),
     ask=lambda _layers, _n: Features(final_hidden=True, logits=LOGITS_FULL, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
     compact=lambda _layers, _n: Features(final_hidden=True),
-    adapter="vispec",
 )

@@ -57,6 +57,8 @@ class RunnerInfo:
     # What capture() can give (protocol/features.py CAN_*) and which weights weight() hands out
     features: tuple[str, ...] = ()
     weights: tuple[str, ...] = ()
+    # How the replica is split (ParallelLayout.describe()); {} on one device
+    parallel: dict[str, int] = field(default_factory=dict)
     # Inputs besides text the target takes ("image"); empty for a text-only target
     modalities: tuple[str, ...] = ()
     # What image inputs must look like (hf_vlm.ImageSpec); None: the target takes no images
@@ -89,6 +91,7 @@ class RunnerInfo:
             encodings=self.encodings,
             features=self.features,
             weights=self.weights,
+            parallel=self.parallel,
             modalities=self.modalities or None,
             **per_server,
         )
