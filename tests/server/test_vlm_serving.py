@@ -49,3 +49,7 @@ def test_serve_hf_serves_a_vlm_and_lists_its_modalities(vlm):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_non_positive_image_budget_is_refused_before_loading():
+    assert "--max-image-tokens" in refused("--max-image-tokens", "0")
