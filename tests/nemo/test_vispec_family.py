@@ -10,6 +10,8 @@ pipeline, which does not import on this CPU: docs/families.md)."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -25,11 +27,15 @@ from eagle3_target.client.nemo.remote import RemoteTargetSettings
 from eagle3_target.client.nemo.vispec import RemoteVispecTarget
 
 from .exactness import (
+    SEED,
     Family,
     assert_exact,
     fleet_fixture,
+    recipe_yaml,
     references_fixture,
     run_prefetched,
+    saved_draft,
+    weight_files,
 )
 from .vlm_support import vlm_target_fixture
 
@@ -82,3 +88,22 @@ def test_both_vispec_recipes_are_exported_as_subclasses_of_nemos_own():
         assert name in ours_module.__all__ and issubclass(
             getattr(ours_module, name), getattr(train_vispec, name)
         )
+
+
+def test_train_draft_picks_vispec_stage1_from_the_yaml_and_trains_it_exactly(
+    target, fleet, references, tmp_path, monkeypatch
+):
+    path = recipe_yaml(STAGE1, target.config_only, target.chats, tmp_path, recipe=STAGE1.recipe)
+    monkeypatch.setenv("EAGLE3_TARGET_SERVICE", ",".join(s.url for s in fleet))
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))  # the reference's reduction order
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle3_target.cli", "train-draft", "--config", str(path)]
+        + [f"--remote_target.seed={SEED}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, reference = saved_draft(tmp_path / "checkpoints"), references(STAGE1.recipe).tensors
+    assert got.keys() == reference.keys() and all(torch.equal(got[k], v) for k, v in reference.items())
+    assert not weight_files(target.config_only)
