@@ -20,9 +20,9 @@ def make_vlm_data():
     return importlib.import_module("make_vlm_data")
 
 
-def write_vlm_target(path: Path) -> list[str]:
+def write_vlm_target(path: Path, embedding_scale: float = 2.0) -> list[str]:
     """The target's weights, tokenizer and chat template in ``path``; returns the tokenizer's plain words."""
-    return make_vlm_data().write_target(path)
+    return make_vlm_data().write_target(path, embedding_scale)
 
 
 def image_batch(model, images_per_row: int = 1, seed: int = 0) -> dict[str, torch.Tensor]:

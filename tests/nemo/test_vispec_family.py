@@ -34,10 +34,12 @@ from .exactness import (
     recipe_yaml,
     references_fixture,
     run_prefetched,
+    run_remote,
     saved_draft,
+    start_fleet,
     weight_files,
 )
-from .vlm_support import vlm_target_fixture
+from .vlm_support import make_vlm_target, vlm_target_fixture
 
 STAGE1 = Family(
     "TrainVispecStage1Recipe",
@@ -107,3 +109,13 @@ def test_train_draft_picks_vispec_stage1_from_the_yaml_and_trains_it_exactly(
     got, reference = saved_draft(tmp_path / "checkpoints"), references(STAGE1.recipe).tensors
     assert got.keys() == reference.keys() and all(torch.equal(got[k], v) for k, v in reference.items())
     assert not weight_files(target.config_only)
+
+
+def test_nemos_untrained_target_check_runs_on_the_embedding_the_fleet_hands_out(tmp_path):
+    untrained = make_vlm_target(tmp_path / "target", embedding_scale=1.0)  # a random init's norm
+    server = start_fleet(untrained.model, ["127.0.0.4"])[0]
+    try:
+        with pytest.raises(RuntimeError, match="untrained"):
+            run_remote(STAGE1, untrained, [server.url], tmp_path / "ours")
+    finally:
+        server.kill()

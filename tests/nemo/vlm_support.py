@@ -12,8 +12,8 @@ from .exactness import Target, config_only_copy
 from .nemo_support import make_data
 
 
-def make_vlm_target(root: Path, chats: int = 16) -> Target:
-    words = write_vlm_target(root / "model")
+def make_vlm_target(root: Path, chats: int = 16, embedding_scale: float = 2.0) -> Target:
+    words = write_vlm_target(root / "model", embedding_scale)
     make_data.write_conversations(root / "chats.jsonl", words, chats, seed=3)
     return Target(root / "model", root / "chats.jsonl", config_only_copy(root / "model", root / "trainer"))
 
