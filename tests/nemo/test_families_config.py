@@ -56,7 +56,7 @@ def test_the_docs_dflash_recipe_is_one_the_remote_recipe_accepts(monkeypatch, tm
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--recipe=TrainVispecRecipe", "recipe: TrainVispecRecipe is not a recipe the fleet trains"),
+        ("--recipe=TrainMedusaRecipe", "recipe: TrainMedusaRecipe is not a recipe the fleet trains"),
         ("--distributed.tp_size=2", "distributed.tp_size>1 shards a co-located target"),
         ("--remote_target.prefetch_depth=0", "remote_target.prefetch_depth=0: a positive integer"),
         ("--remote_target.compact=true", "TrainDFlashRecipe has no compact request"),

@@ -19,6 +19,7 @@ from .options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IMAGE_TOKENS,
     DEFAULT_MAX_QUEUED_PER_SESSION,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PRIORITY,
@@ -147,6 +148,13 @@ def _limit_arguments(g) -> None:
         f"(default {DEFAULT_MAX_BATCH_TOKENS})",
     )
     g.add_argument(
+        "--max-image-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_IMAGE_TOKENS,
+        help="a feature request whose images take more image tokens than this gets 413 "
+        f"(default {DEFAULT_MAX_IMAGE_TOKENS})",
+    )
+    g.add_argument(
         "--max-sessions",
         type=int,
         default=DEFAULT_MAX_SESSIONS,
@@ -188,15 +196,25 @@ def _limit_arguments(g) -> None:
 
 def _engine_arguments(g) -> None:
     g.add_argument(
-        "--tensor-parallel-size", type=positive_int, default=1, help="ranks each layer is split over (default 1)"
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks each layer is split over (default 1)",
     )
     g.add_argument(
-        "--pipeline-parallel-size", type=positive_int, default=1, help="ranks the layers are split over (default 1)"
+        "--pipeline-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the layers are split over (default 1)",
     )
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes one replica spans (default 1)")
-    g.add_argument("--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)")
+    g.add_argument(
+        "--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)"
+    )
     g.add_argument("--master-addr", default="127.0.0.1", help="node-rank 0's address, for --nnodes > 1")
-    g.add_argument("--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)")
+    g.add_argument(
+        "--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)"
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -240,6 +258,9 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be known wrong before the load; raises UsageError."""
     from . import preflight
 
+    if args.engine in preflight.ENGINE_PACKAGES:  # an image-text model: refused before the engine's import
+        preflight.check_model(args.model)
+        preflight.refuse_image_text(args.engine, args.model, args.trust_remote_code)
     preflight.check_engine(args.engine)
     preflight.check_device(args.device)
     layout = ParallelLayout.from_args(args)

@@ -27,6 +27,23 @@ def check_engine(engine: str) -> None:
         )
 
 
+def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool) -> None:
+    """Only the hf engine loads image-text checkpoints: any other refuses one from its config alone."""
+    if engine == "hf" or model is None:
+        return
+    from .runners.hf_vlm import is_image_text, read_config
+
+    try:
+        config = read_config(model, trust_remote_code)
+    except (OSError, ValueError):
+        return  # num_hidden_layers() names the unreadable config
+    if is_image_text(config):
+        raise UsageError(
+            f"--model {model} is an image-text model ({config.model_type}); "
+            f"--engine {engine} serves text-only targets: use --engine hf"
+        )
+
+
 def check_device(device: str) -> None:
     import torch
 

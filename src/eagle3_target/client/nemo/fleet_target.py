@@ -21,7 +21,7 @@ from ..backend import RemoteTargetBackend
 from ..handles import MappedHandle
 from .backend import split_options
 from .interface import BatchInputs, NeMoTarget
-from .prefetch import PrefetchedBatches
+from .prefetch import PrefetchedBatches, image_inputs
 from .ranks import fetched_weights
 from .remote import RemoteTargetSettings
 
@@ -142,7 +142,11 @@ class FleetTarget(NeMoTarget):
     def batch(self, inputs: BatchInputs):
         """The reply a PrefetchingLoader asked for ahead (or, out of the loader's order, asked now)."""
         captured = self.prefetched.take(
-            inputs.input_ids, inputs.attention_mask, inputs.loss_mask, **inputs.packing
+            inputs.input_ids,
+            inputs.attention_mask,
+            inputs.loss_mask,
+            **inputs.packing,
+            images=image_inputs(inputs.media),
         )
         return self.to_batch(self._on_device(captured), inputs)
 
