@@ -38,8 +38,14 @@ def test_the_docs_family_table_is_the_codes_with_the_worked_example_applied(tmp_
 
 
 def doc_recipe(name: str) -> dict:
-    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
-    return next(d for d in map(yaml.safe_load, blocks) if d.get("recipe") == name)
+    """The recipe YAML the docs give for ``name``: a yaml block, or a ConfigMap's recipe.yaml in a quickstart."""
+    text = DOC.read_text()
+    recipes = list(map(yaml.safe_load, re.findall(r"```yaml\n(.*?)```", text, re.S)))
+    for manifest in re.findall(r"<<'YAML'\n(.*?)\nYAML\n", text, re.S):
+        for doc in yaml.safe_load_all(manifest):
+            if doc and doc.get("kind") == "ConfigMap" and "recipe.yaml" in doc.get("data", {}):
+                recipes.append(yaml.safe_load(doc["data"]["recipe.yaml"]))
+    return next(d for d in recipes if d and d.get("recipe") == name)
 
 
 def test_the_docs_dflash_recipe_is_one_the_remote_recipe_accepts(monkeypatch, tmp_path):
