@@ -19,7 +19,7 @@ import kopf
 import kr8s
 import kr8s.asyncio
 
-from . import GROUP, PLURAL, VERSION, builders, incluster
+from . import GROUP, PLURAL, VERSION, builders, discovery, incluster
 from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
@@ -215,7 +215,7 @@ async def _apply(target, tracked, pods, rollout, image, memo, *, full: bool, now
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     if full:
-        for child in builders.children(target, name, namespace, memo.config.cluster_domain):
+        for child in discovery.children(target, name, namespace, memo.config.cluster_domain):
             kopf.append_owner_reference(child, owner=body)
             if await memo.children.ensure(child) != "unchanged":
                 log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])
