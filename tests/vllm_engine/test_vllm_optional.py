@@ -9,7 +9,7 @@ from target_support import free_port
 
 from eagle3_target.server.cli import add_arguments, build_loader
 from eagle3_target.server.runners import load_runner
-from eagle3_target.server.runners.vllm import INSTALL_HINT, VLLMUnavailable, gpu_ids
+from eagle3_target.server.runners.vllm_engine import INSTALL_HINT, VLLMUnavailable, gpu_ids
 
 from .vllm_support import VLLM_INSTALLED
 
@@ -18,7 +18,8 @@ def test_server_and_client_import_without_vllm():
     code = (
         "import sys\n"
         "import eagle3_target.cli, eagle3_target.server.app, eagle3_target.server.cli\n"
-        "import eagle3_target.server.runners.vllm, eagle3_target.client\n"
+        "import eagle3_target.server.runners.vllm, eagle3_target.server.runners.vllm_capture\n"
+        "import eagle3_target.server.runners.vllm_engine, eagle3_target.client\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], 'vllm was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -64,7 +65,10 @@ def test_serve_hands_the_vllm_flags_to_the_vllm_runner_only():
         "--engine", "vllm", "--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.8"
     )
     assert loader.args == ("vllm",)
-    assert loader.keywords["tensor_parallel_size"] == 8 and loader.keywords["gpu_memory_utilization"] == 0.8
     assert (
-        "tensor_parallel_size" not in serve_loader("--engine", "hf", "--tensor-parallel-size", "8").keywords
+        loader.keywords["parallel"].tensor_parallel_size == 8
+        and loader.keywords["gpu_memory_utilization"] == 0.8
+    )
+    assert (
+        "gpu_memory_utilization" not in serve_loader("--engine", "hf", "--tensor-parallel-size", "8").keywords
     )

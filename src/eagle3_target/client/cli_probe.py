@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .temp_dir import require_temp_dir
+
+    require_temp_dir()  # before torch's import, which needs one
     import asyncio
     import json
 

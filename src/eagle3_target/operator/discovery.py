@@ -6,6 +6,7 @@ from __future__ import annotations
 from eagle3_target.protocol import contract
 
 from .builders import client_configmap_name, labels, peers_service_name, selector
+from .disruption import pod_disruption_budget
 from .target_spec import TargetSpec
 
 
@@ -69,9 +70,13 @@ def client_configmap(
 def children(
     spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
 ) -> list[dict]:
-    """The children that exist once per target (pods are per ordinal)."""
+    """The children that exist once per target (pods are per ordinal); the PodDisruptionBudget while on."""
     return [
         service(spec, name, namespace),
         peers_service(spec, name, namespace),
         client_configmap(spec, name, namespace, cluster_domain),
-    ]
+    ] + (
+        [pod_disruption_budget(spec.disruption, name, namespace, labels(name), selector(name))]
+        if spec.disruption.enabled
+        else []
+    )

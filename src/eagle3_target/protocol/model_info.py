@@ -70,6 +70,8 @@ class ModelInfo:
     nccl_port: int | None = None  # NeMo's p2p rendezvous port, where the server fixes one
     p2p: Mapping[str, Any] = field(default_factory=dict)  # the server's p2p offer: {"backend": ..., ...}
     request_binding: str | None = None  # "sha256": /generate replies echo our request id (binding.py)
+    # How the replica is split (PARALLEL_KEYS); {} for one device, so a stock NeMo client sees nothing new
+    parallel: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: Any) -> ModelInfo:
@@ -97,6 +99,8 @@ class ModelInfo:
                     if not isinstance(values[name], list):
                         raise ModelInfoError(f"/model_info {name} is not a list: {values[name]!r:.100}")
                     values[name] = tuple(str(e)[:64] for e in values[name][:64])
+            if "parallel" in values:
+                values["parallel"] = _parallel(values["parallel"])
             if not isinstance(values.get("p2p", {}), Mapping):
                 raise ModelInfoError(f"/model_info p2p is not an object: {values['p2p']!r:.100}")
             for name in ("model", "engine", "dtype", "config_digest", "request_binding"):
@@ -114,8 +118,9 @@ class ModelInfo:
             value = getattr(self, f.name)
             if f.name in NEMO_KEYS or value not in (None, {}, ()):
                 doc[f.name] = list(value) if isinstance(value, tuple) else value
-        if "p2p" in doc:
-            doc["p2p"] = dict(doc["p2p"])
+        for name in ("p2p", "parallel"):
+            if name in doc:
+                doc[name] = dict(doc[name])
         return doc
 
     def identity(self) -> dict[str, Any]:
@@ -144,6 +149,8 @@ LIMITS = {
     "nccl_port": (1, 65535),
 }
 MAX_AUX_LAYERS = 64
+PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "nnodes")
+MAX_PARALLEL = 1 << 16
 MAX_TEXT = 512
 
 
@@ -161,6 +168,16 @@ def _int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ModelInfoError(f"/model_info {name} is not an integer: {value!r:.100}")
     return value
+
+
+def _parallel(value: Any) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise ModelInfoError(f"/model_info parallel is not an object: {value!r:.100}")
+    sizes = {k: _int(value[k], f"parallel.{k}") for k in PARALLEL_KEYS if k in value}
+    bad = {k: v for k, v in sizes.items() if not 1 <= v <= MAX_PARALLEL}
+    if bad:
+        raise ModelInfoError(f"/model_info parallel sizes {bad} are outside [1, {MAX_PARALLEL}]")
+    return sizes
 
 
 def _show(value: Any) -> str:

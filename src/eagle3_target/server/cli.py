@@ -27,6 +27,7 @@ from .options import (
     UsageError,
 )
 from .p2p import options as p2p_options
+from .parallel import ParallelLayout
 
 log = logging.getLogger(__name__)
 ENGINES = ("hf", "sglang", "vllm", "synthetic")
@@ -187,15 +188,25 @@ def _limit_arguments(g) -> None:
 
 def _engine_arguments(g) -> None:
     g.add_argument(
-        "--tensor-parallel-size", type=positive_int, default=1, help="ranks each layer is split over (default 1)"
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks each layer is split over (default 1)",
     )
     g.add_argument(
-        "--pipeline-parallel-size", type=positive_int, default=1, help="ranks the layers are split over (default 1)"
+        "--pipeline-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the layers are split over (default 1)",
     )
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes one replica spans (default 1)")
-    g.add_argument("--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)")
+    g.add_argument(
+        "--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)"
+    )
     g.add_argument("--master-addr", default="127.0.0.1", help="node-rank 0's address, for --nnodes > 1")
-    g.add_argument("--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)")
+    g.add_argument(
+        "--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)"
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -208,21 +219,31 @@ def _engine_arguments(g) -> None:
     )
 
 
-def build_loader(args: argparse.Namespace):
-    from .runners import load_runner
-
-    options = dict(model=args.model, dtype=args.dtype, device=args.device, aux_layer_ids=args.aux_layer_ids)
+def runner_options(args: argparse.Namespace) -> dict:
+    """What the engine's load() takes, the layout included (every engine gets ``parallel``)."""
+    options = dict(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        aux_layer_ids=args.aux_layer_ids,
+        parallel=ParallelLayout.from_args(args),
+    )
     if args.engine == "synthetic":
         options.update(forward_delay=args.forward_delay)
     else:
         options.update(trust_remote_code=args.trust_remote_code)
     if args.engine == "vllm":
         options.update(
-            tensor_parallel_size=args.tensor_parallel_size,
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_batch_tokens=args.max_batch_tokens,  # vLLM schedules that many tokens in one step
         )
-    return functools.partial(load_runner, args.engine, **options)
+    return options
+
+
+def build_loader(args: argparse.Namespace):
+    from .runners import load_runner
+
+    return functools.partial(load_runner, args.engine, **runner_options(args))
 
 
 def check(args: argparse.Namespace) -> None:
@@ -231,15 +252,17 @@ def check(args: argparse.Namespace) -> None:
 
     preflight.check_engine(args.engine)
     preflight.check_device(args.device)
+    layout = ParallelLayout.from_args(args)
     if args.engine == "synthetic":
+        preflight.check_parallel(args.engine, layout)
         preflight.check_aux_layer_ids(args.aux_layer_ids, 32)  # the synthetic runner's layer count
         return
     if args.engine == "sglang" and args.model is None:
         raise UsageError("--engine sglang needs --model: the embedded tiny Llama is for the hf engine")
     preflight.check_model(args.model)
-    preflight.check_aux_layer_ids(
-        args.aux_layer_ids, preflight.num_hidden_layers(args.model, args.trust_remote_code)
-    )
+    config = preflight.model_config(args.model, args.trust_remote_code)
+    preflight.check_parallel(args.engine, layout, config)
+    preflight.check_aux_layer_ids(args.aux_layer_ids, config.num_hidden_layers)
 
 
 def _is_loopback(host: str) -> bool:
@@ -281,4 +304,11 @@ def run(args: argparse.Namespace) -> int:
         args.device,
         args.dtype,
     )
+    if args.node_rank > 0:
+        from .follower import run_follower
+
+        log.info(
+            "node-rank %d of %d: serving /livez only, following node-rank 0", args.node_rank, args.nnodes
+        )
+        return run_follower(args.engine, runner_options(args), *socks)
     return run_server(TargetServer(build_loader(args), options), *socks)

