@@ -24,20 +24,38 @@ hypothesis="--deselect=tests/protocol/test_wire.py::test_fuzzed_buffers_decode_o
 # calls mutmut cannot attribute to a test).
 pool="tests/client/test_client_backend.py tests/client/test_client_discovery.py tests/client/test_client_faults.py
   tests/client/test_client_features.py"
+membership="$pool tests/client/test_client_membership.py tests/client/test_client_waiting.py"
+dispatch="tests/client/test_client_dispatch.py $pool tests/client/test_client_failover.py
+  tests/client/test_client_encodings.py tests/client/test_client_priority.py"
+# A key ending in / is a package: every module in it is mutated in one run.
 declare -A TESTS=(
   [protocol/wire.py]="tests/protocol/test_wire.py $hypothesis"
+  [protocol/receive_pool.py]="tests/protocol/test_wire.py $hypothesis"
   [protocol/encodings.py]="tests/protocol/test_encodings.py tests/protocol/test_supervision.py"
   [protocol/model_info.py]="tests/protocol/test_contract.py tests/protocol/test_model_info.py"
   [protocol/supervision.py]="tests/protocol/test_supervision.py tests/protocol/test_encodings.py"
+  [protocol/binding.py]="tests/server/test_request_binding.py $pool tests/client/test_client_encodings.py"
+  [protocol/features.py]="tests/protocol/test_features.py tests/server/test_features.py"
+  [protocol/families/]="tests/protocol/test_features.py tests/nemo/test_registry.py"
   [server/request.py]="tests/server/test_request.py"
   [server/sessions.py]="tests/server/test_sessions.py tests/server/test_service.py"
-  [client/membership.py]="$pool tests/client/test_client_membership.py tests/client/test_client_waiting.py"
-  [client/dispatch.py]="tests/client/test_client_dispatch.py $pool tests/client/test_client_failover.py
-    tests/client/test_client_encodings.py tests/client/test_client_priority.py"
+  [server/scheduler.py]="tests/server/test_scheduler.py tests/server/test_fair_share.py"
+  [client/members.py]="$membership"
+  [client/joining.py]="$membership"
+  [client/upkeep.py]="$membership"
+  [client/quarantine.py]="$membership"
+  [client/dispatch.py]="$dispatch"
+  [client/failover.py]="$dispatch"
+  [client/limits.py]="tests/client/test_client_body.py tests/client/test_client_backend.py"
   [client/body.py]="tests/client/test_client_body.py"
+  [operator/planner.py]="tests/operator/test_builders.py"
+  [operator/status.py]="tests/operator/test_builders.py"
 )
-ORDER=(protocol/wire.py protocol/encodings.py protocol/model_info.py protocol/supervision.py
-  server/request.py server/sessions.py client/membership.py client/dispatch.py client/body.py)
+ORDER=(protocol/wire.py protocol/receive_pool.py protocol/encodings.py protocol/model_info.py
+  protocol/supervision.py protocol/binding.py protocol/features.py protocol/families/ server/request.py
+  server/sessions.py server/scheduler.py client/members.py client/joining.py client/upkeep.py
+  client/quarantine.py client/dispatch.py client/failover.py client/limits.py client/body.py
+  operator/planner.py operator/status.py)
 
 modules=("$@")
 [[ ${#modules[@]} -gt 0 ]] || modules=("${ORDER[@]}")
@@ -50,6 +68,8 @@ for module in "${modules[@]}"; do
   tests=${TESTS[$module]:-}
   [[ -n $tests ]] || { echo "unknown module $module; one of: ${ORDER[*]}" >&2; exit 2; }
   scratch=$workdir/${module//\//_}
+  pattern=$module
+  [[ $pattern != */ ]] || pattern+="*"  # a package: all its modules
   rm -rf "$scratch" && mkdir -p "$scratch"
   cp -r "$root/src" "$root/tests" "$root/pyproject.toml" "$scratch/"
   selection=$(printf '"%s", ' $tests)
@@ -57,7 +77,7 @@ for module in "${modules[@]}"; do
 
 [tool.mutmut]
 source_paths = ["src"]
-only_mutate = ["src/eagle3_target/$module"]
+only_mutate = ["src/eagle3_target/$pattern"]
 pytest_add_cli_args_test_selection = [${selection%, }]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
 timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x ...

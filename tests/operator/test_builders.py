@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_target.operator import builders
+from eagle3_target.operator import builders, discovery
 from eagle3_target.operator.planner import PodState, Rollout, plan
 from eagle3_target.operator.status import Observed, compute_status, merge_conditions
 from eagle3_target.operator.target_spec import InvalidSpec, TargetSpec
@@ -124,7 +124,7 @@ def test_revision_covers_what_the_user_wrote_not_defaults_or_rollout_settings():
 
 def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
     spec = target()
-    service, peers, configmap, _ = builders.children(spec, "llama", "ml")
+    service, peers, configmap, _ = discovery.children(spec, "llama", "ml")
     for svc in (service, peers):
         assert svc["spec"]["clusterIP"] == "None"
         assert [(p["name"], p["targetPort"]) for p in svc["spec"]["ports"]] == [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_target.operator import builders
+from eagle3_target.operator import builders, discovery
 from eagle3_target.operator.disruption import Disruption, switch_bound
 from eagle3_target.operator.nodes import NodeHealth, lost_pods
 from eagle3_target.operator.placement import REVISION_LABEL
@@ -26,7 +26,7 @@ def target(**spec) -> TargetSpec:
 
 
 def budget(spec: TargetSpec) -> dict | None:
-    found = [c for c in builders.children(spec, "llama", "ml") if c["kind"] == "PodDisruptionBudget"]
+    found = [c for c in discovery.children(spec, "llama", "ml") if c["kind"] == "PodDisruptionBudget"]
     return found[0] if found else None
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from crd_support import default
 
-from eagle3_target.operator import builders
+from eagle3_target.operator import builders, discovery
 from eagle3_target.operator.target_spec import TargetSpec
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
@@ -157,7 +157,7 @@ def test_built_children_pass_kubernetes_validate():
         },
     ):
         spec = TargetSpec.parse({**example["spec"], **extra})
-        for obj in [builders.pod(spec, "llama", "ml", 3, "img"), *builders.children(spec, "llama", "ml")]:
+        for obj in [builders.pod(spec, "llama", "ml", 3, "img"), *discovery.children(spec, "llama", "ml")]:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
@@ -174,7 +174,7 @@ def test_the_longest_admitted_name_fits_every_derived_name():
     spec = TargetSpec.parse({"model": "m", "replicas": 1024})
     assert len(builders.peers_service_name(name)) == 63
     assert len(builders.pod(spec, name, "ml", 1023, "img")["spec"]["hostname"]) <= 63
-    for child in builders.children(spec, name, "ml"):  # Service names are DNS labels, the rest subdomains
+    for child in discovery.children(spec, name, "ml"):  # Service names are DNS labels, the rest subdomains
         assert len(child["metadata"]["name"]) <= (63 if child["kind"] == "Service" else 253), child["kind"]
     assert builders.name_problems(name) == [] and builders.name_problems(name + "x")
 

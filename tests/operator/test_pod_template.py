@@ -9,7 +9,7 @@ import re
 import kubernetes_validate
 import pytest
 
-from eagle3_target.operator import builders
+from eagle3_target.operator import builders, discovery
 from eagle3_target.operator.target_spec import InvalidSpec, TargetSpec
 
 from .operator_support import SPEC
@@ -180,7 +180,7 @@ def test_the_server_binds_every_pod_address():
 
 
 def test_client_names_follow_the_cluster_domain():
-    env = builders.client_env(target(), "llama", "ml", "k8s.internal")
+    env = discovery.client_env(target(), "llama", "ml", "k8s.internal")
     assert env["EAGLE3_TARGET_SERVICE"] == "srv://_http._tcp.llama.ml.svc.k8s.internal"
     assert env["EAGLE3_TARGET_SERVICE_DNS"] == "dns://llama.ml.svc.k8s.internal:8001"
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle3_target.protocol import wire
+from eagle3_target.protocol.receive_pool import ReceivePool
 from eagle3_target.protocol.wire import CODE_TO_DTYPE, DTYPE_TO_CODE, EncodedBlob, WireError, decode, encode
 
 SPEC_EXAMPLE = bytes.fromhex(
@@ -274,7 +275,7 @@ def test_random_bytes_never_crash(blob):
 
 
 def test_receive_pool_reuses_a_buffer_only_once_every_view_of_it_is_gone():
-    pool = wire.ReceivePool(max_free_bytes=8 << 20)
+    pool = ReceivePool(max_free_bytes=8 << 20)
     first = pool.empty((1 << 20,), torch.float32)
     address, view = first.data_ptr(), first[10:].view(torch.int32)
     del first
@@ -286,7 +287,7 @@ def test_receive_pool_reuses_a_buffer_only_once_every_view_of_it_is_gone():
 
 
 def test_receive_pool_keeps_at_most_max_free_bytes():
-    pool = wire.ReceivePool(max_free_bytes=6 << 20)
+    pool = ReceivePool(max_free_bytes=6 << 20)
     held = [pool.empty((1 << 20,), torch.float32) for _ in range(3)]  # 3 x 4 MiB
     assert pool.free_bytes == 0
     del held
@@ -365,7 +366,7 @@ def test_max_entries_is_the_most_allowed(count, allowed):
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.bfloat16, torch.bool])
 def test_receive_pool_sizes_buffers_by_the_dtype(dtype):
-    pool = wire.ReceivePool(min_bytes=1024)
+    pool = ReceivePool(min_bytes=1024)
     tensor = pool.empty((4096,), dtype)
     assert tensor.shape == (4096,) and tensor.dtype == dtype
     tensor.fill_(1)
@@ -374,7 +375,7 @@ def test_receive_pool_sizes_buffers_by_the_dtype(dtype):
 
 
 def test_receive_pool_limits_are_inclusive_and_free_bytes_add_up():
-    pool = wire.ReceivePool(max_free_bytes=8192, min_bytes=4096)
+    pool = ReceivePool(max_free_bytes=8192, min_bytes=4096)
     exactly_min = pool.empty((1024,), torch.float32)  # 4096 bytes: pooled
     another = pool.empty((1024,), torch.float32)
     del exactly_min

@@ -1,5 +1,5 @@
-"""Pure functions from an Eagle3Target to the dicts of its children: target pods, the two headless Services
-and the client ConfigMap. Owner references are added by the handlers."""
+"""Pure functions from an Eagle3Target to its target pods, and the names and labels all its children share
+(the Services and the client ConfigMap are built in discovery.py). Owner references are added by the handlers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import json
 from eagle3_target.protocol import contract
 
 from . import GROUP, placement
-from .disruption import pod_disruption_budget
 from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TENSOR_PARALLEL_ENGINES, TargetSpec
 from .volumes import CACHE_DIR, TOKEN_DIR, pod_volumes
 
@@ -283,75 +282,3 @@ def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, image: str, p
         },
         "spec": pod_spec(spec, name, ordinal, image),
     }
-
-
-def _service(service_name: str, name: str, namespace: str, spec: TargetSpec, publish_not_ready: bool) -> dict:
-    # targetPort by name: each endpoint (and SRV record) carries its own pod's port, which differs per replica
-    # with hostNetwork; `port` is the shared one for the A-record form.
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": service_name, "namespace": namespace, "labels": labels(name)},
-        "spec": {
-            "clusterIP": "None",
-            "selector": selector(name),
-            # only when true: the server drops a false value, and a field we send that it drops would read as
-            # drift on every reconcile
-            **({"publishNotReadyAddresses": True} if publish_not_ready else {}),
-            "ports": [
-                {"name": "http", "port": spec.http_port, "targetPort": "http", "protocol": "TCP"},
-                {"name": "nccl", "port": spec.nccl_start, "targetPort": "nccl", "protocol": "TCP"},
-            ],
-        },
-    }
-
-
-def service(spec: TargetSpec, name: str, namespace: str) -> dict:
-    """Ready targets only: what trainers resolve."""
-    return _service(name, name, namespace, spec, publish_not_ready=False)
-
-
-def peers_service(spec: TargetSpec, name: str, namespace: str) -> dict:
-    """All targets, ready or not: per-pod DNS names and rendezvous before readiness."""
-    return _service(peers_service_name(name), name, namespace, spec, publish_not_ready=True)
-
-
-def client_env(
-    spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
-) -> dict[str, str]:
-    fqdn = f"{name}.{namespace}.svc.{cluster_domain}"
-    return {
-        contract.SERVICE_ENV: f"srv://_http._tcp.{fqdn}",
-        contract.SERVICE_DNS_ENV: f"dns://{fqdn}:{spec.http_port}",
-    }
-
-
-def client_configmap(
-    spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
-) -> dict:
-    """What a trainer pod pulls in with envFrom to find the targets."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": client_configmap_name(name),
-            "namespace": namespace,
-            "labels": labels(name, "client"),
-        },
-        "data": client_env(spec, name, namespace, cluster_domain),
-    }
-
-
-def children(
-    spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
-) -> list[dict]:
-    """The children that exist once per target (pods are per ordinal); the PodDisruptionBudget while on."""
-    return [
-        service(spec, name, namespace),
-        peers_service(spec, name, namespace),
-        client_configmap(spec, name, namespace, cluster_domain),
-    ] + (
-        [pod_disruption_budget(spec.disruption, name, namespace, labels(name), selector(name))]
-        if spec.disruption.enabled
-        else []
-    )

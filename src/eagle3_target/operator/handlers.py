@@ -19,7 +19,7 @@ import kopf
 import kr8s
 import kr8s.asyncio
 
-from . import GROUP, PLURAL, VERSION, builders, incluster
+from . import GROUP, PLURAL, VERSION, builders, discovery, incluster
 from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
@@ -315,7 +315,7 @@ def _seen(memo: kopf.Memo, kind: str, namespace: str, name: str) -> dict | None:
 
 async def _children(target, body: dict, memo: kopf.Memo) -> None:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    for child in builders.children(target, name, namespace, memo.config.cluster_domain):
+    for child in discovery.children(target, name, namespace, memo.config.cluster_domain):
         kopf.append_owner_reference(child, owner=body)
         seen = _seen(memo, child["kind"], namespace, child["metadata"]["name"])
         if await memo.children.ensure(child, seen) != "unchanged":

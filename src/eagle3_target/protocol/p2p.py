@@ -125,7 +125,7 @@ class PeerGroup:
         else:
             store = None  # the group holds it now
             if secret is not None:
-                group._challenge(secret, deadline)
+                _challenge(group, secret, deadline)
             return group
         store = None  # raised without a chained traceback, so nothing keeps the store's port open
         raise kind(error)
@@ -165,32 +165,10 @@ class PeerGroup:
         else:
             group = cls(pg, store, rank=CLIENT_RANK, backend=backend, name=group_name(port), device=device)
             if secret is not None:
-                group._answer(secret, deadline)
+                _answer(group, secret, deadline)
             return group
         store = None  # as in host(): let the store's connection go now
         raise TransferError(error)
-
-    # -- proof of the secret, over the group itself ----------------------------------------
-
-    def _challenge(self, secret: str, deadline: float) -> None:
-        nonce = torch.frombuffer(bytearray(secrets.token_bytes(NONCE_BYTES)), dtype=torch.uint8)
-        proof = torch.empty(hashlib.sha256().digest_size, dtype=torch.uint8, device=self.device)
-        self._run([nonce.to(self.device)], "send", deadline - time.monotonic())
-        self._run([proof], "recv", deadline - time.monotonic())
-        expected = mac(secret, b"proof", nonce.numpy().tobytes())
-        if not hmac.compare_digest(proof.cpu().numpy().tobytes(), expected):
-            self.close()
-            raise PeerRejected(f"the peer of {self.name} failed to prove the group's secret")
-
-    def _answer(self, secret: str, deadline: float) -> None:
-        nonce = torch.empty(NONCE_BYTES, dtype=torch.uint8, device=self.device)
-        self._run([nonce], "recv", deadline - time.monotonic())
-        proof = mac(secret, b"proof", nonce.cpu().numpy().tobytes())
-        self._run(
-            [torch.frombuffer(bytearray(proof), dtype=torch.uint8).to(self.device)],
-            "send",
-            deadline - time.monotonic(),
-        )
 
     @property
     def peer(self) -> int:
@@ -293,3 +271,27 @@ class PeerGroup:
         with contextlib.suppress(RuntimeError):  # already broken: nothing left to abort
             self._pg.abort()
         self._pg = self._store = None
+
+
+def _challenge(group: PeerGroup, secret: str, deadline: float) -> None:
+    """The host's half of the proof of the group's secret, over the group itself: send a nonce, check its MAC."""
+    nonce = torch.frombuffer(bytearray(secrets.token_bytes(NONCE_BYTES)), dtype=torch.uint8)
+    proof = torch.empty(hashlib.sha256().digest_size, dtype=torch.uint8, device=group.device)
+    group._run([nonce.to(group.device)], "send", deadline - time.monotonic())
+    group._run([proof], "recv", deadline - time.monotonic())
+    expected = mac(secret, b"proof", nonce.numpy().tobytes())
+    if not hmac.compare_digest(proof.cpu().numpy().tobytes(), expected):
+        group.close()
+        raise PeerRejected(f"the peer of {group.name} failed to prove the group's secret")
+
+
+def _answer(group: PeerGroup, secret: str, deadline: float) -> None:
+    """The joiner's half: the MAC of the host's nonce."""
+    nonce = torch.empty(NONCE_BYTES, dtype=torch.uint8, device=group.device)
+    group._run([nonce], "recv", deadline - time.monotonic())
+    proof = mac(secret, b"proof", nonce.cpu().numpy().tobytes())
+    group._run(
+        [torch.frombuffer(bytearray(proof), dtype=torch.uint8).to(group.device)],
+        "send",
+        deadline - time.monotonic(),
+    )

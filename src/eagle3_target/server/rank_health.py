@@ -24,6 +24,6 @@ async def until_unhealthy(server, poll_every: float = POLL_EVERY, linger: float 
         if healthy is not None and not healthy():
             break
     log.error("a rank of this replica is gone: answering 503 for %.0fs, then exiting", linger)
-    server.service.draining = True
+    server.service.drain()
     server.metrics.ready.set(0)
     await asyncio.sleep(linger)

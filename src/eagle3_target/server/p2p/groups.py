@@ -53,20 +53,7 @@ class P2PGroups:
         self.require_auth = require_auth  # refuse NeMo's unauthenticated mode
         self.groups: dict[str, SessionGroup] = {}  # session id -> its group
         self.held: dict[int, SessionGroup] = {}  # port -> the group that has not released it yet
-        self.active = Gauge(
-            "eagle3_target_p2p_groups", "Point-to-point groups held for sessions", registry=registry
-        )
-        self.ports_held = Gauge(
-            "eagle3_target_p2p_ports_held",
-            "Rendezvous ports reserved, pending or up or still being released",
-            registry=registry,
-        )
-        self.teardowns = Counter(
-            "eagle3_target_p2p_teardowns_total",
-            "Point-to-point groups torn down, by reason",
-            ["reason"],
-            registry=registry,
-        )
+        self.active, self.ports_held, self.teardowns = _metrics(registry)
 
     def info(self, device: str) -> dict[str, Any]:
         """What model_info advertises (a NeMo client ignores it)."""
@@ -272,3 +259,21 @@ def _parse_seq(value: str | None) -> int | None:
     if seq < 0:
         raise InvalidInput("bad_sequence", f"{contract.SEQUENCE_HEADER} must be a non-negative integer")
     return seq
+
+
+def _metrics(registry: CollectorRegistry | None) -> tuple[Gauge, Gauge, Counter]:
+    """The groups held, the rendezvous ports held, and teardowns by reason."""
+    return (
+        Gauge("eagle3_target_p2p_groups", "Point-to-point groups held for sessions", registry=registry),
+        Gauge(
+            "eagle3_target_p2p_ports_held",
+            "Rendezvous ports reserved, pending or up or still being released",
+            registry=registry,
+        ),
+        Counter(
+            "eagle3_target_p2p_teardowns_total",
+            "Point-to-point groups torn down, by reason",
+            ["reason"],
+            registry=registry,
+        ),
+    )
