@@ -48,7 +48,7 @@ from engine_throughput import BENCH_LLAMA  # noqa: E402  (the sibling bench's mo
 QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
 LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
 DRAFT_VOCAB = 32000
-# family -> (the target NeMo's recipe pairs it with here, target_layer_ids)
+# family -> (the target NeMo's recipe pairs it with here, target_layer_ids); any other family: DEFAULT_REAL
 REAL = {
     "dflash": ("Qwen3-8B", QWEN3_8B, [1, 9, 17, 25, 33]),  # DFlash's build_target_layer_ids(36, 5)
     "jetspec": ("Qwen3-8B", QWEN3_8B, [1, 9, 17, 25, 33]),
@@ -57,6 +57,7 @@ REAL = {
     "eagle1": ("Llama-3.1-8B", LLAMA31_8B, []),
     "eagle3": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),
 }
+DEFAULT_REAL = REAL["dflash"]
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
 
 
@@ -72,11 +73,15 @@ def reply_bytes(features: Features, batch: int, seq: int, shape: dict, dtype=tor
     return total
 
 
+def real(family: str) -> tuple[str, dict, list[int]]:
+    return REAL.get(family, DEFAULT_REAL)
+
+
 def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
     """Each family's exact request and, where it has one, its compact request."""
     out = {}
     for name, family in families().items():
-        ids = layer_ids[: 3 if name in ("peagle", "eagle3") else 5]
+        ids = layer_ids[: len(real(name)[2]) or None]
         out[name] = family.ask(ids, num_layers)
         if family.compact is not None:
             out[f"{name} compact"] = family.compact(ids, num_layers)
@@ -86,7 +91,7 @@ def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
 def bytes_table(seq: int = 4096) -> dict:
     rows = {}
     for name, family in families().items():
-        model, shape, ids = REAL[name]
+        model, shape, ids = real(name)
         asks = {name: family.ask(ids, shape["num_hidden_layers"])}
         if family.compact is not None:
             asks[f"{name} compact"] = family.compact(ids, shape["num_hidden_layers"])

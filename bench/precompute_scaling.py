@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tiny tokenizer and chats the test
 from nemo.nemo_support import build_target, write_chats  # noqa: E402
 from precompute.precompute_support import synthetic_target  # noqa: E402
 
+from eagle3_target.client.precompute.eagle3 import precompute_eagle3  # noqa: E402
 from eagle3_target.client.precompute.options import add_arguments  # noqa: E402
-from eagle3_target.client.precompute.runner import precompute  # noqa: E402
 
 
 def command(urls: list[str], model: Path, chats: Path, out: Path, args) -> list[str]:
@@ -72,7 +72,7 @@ def scaling(args, root: Path) -> None:
             parser = argparse.ArgumentParser()
             add_arguments(parser)
             run = parser.parse_args(command(urls, model, chats, root / f"cache-{count}", args))
-            progress = precompute(run, None)
+            progress = precompute_eagle3(run, None)
         rate = progress.samples / progress.wall
         base = base or rate
         ratio = rate / (count * base)

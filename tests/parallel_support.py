@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -50,3 +51,31 @@ def refused_line(*serve_args: str) -> str:
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, proc.stderr
     return errors[0]
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started from any of its threads (its rank processes), from /proc."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        found += [int(p) for p in task.read_text().split()]
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie waiting for whoever inherited it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], within: float) -> float:
+    """Seconds until every one of ``pids`` has exited; fails past ``within``."""
+    start = time.monotonic()
+    while any(alive(p) for p in pids):
+        assert time.monotonic() - start < within, (
+            f"still running after {within}s: {[p for p in pids if alive(p)]}"
+        )
+        time.sleep(0.2)
+    return time.monotonic() - start

@@ -40,11 +40,12 @@ def test_every_name_follows_the_full_name_override(overridden):
         ("ServiceAccount", "fleet-a-operator"),
         ("ClusterRole", "fleet-a-operator"),
         ("ClusterRoleBinding", "fleet-a-operator"),
+        ("ClusterRole", "fleet-a-operator-nodes"),
+        ("ClusterRoleBinding", "fleet-a-operator-nodes"),
         ("Role", "fleet-a-operator-leader-election"),
         ("RoleBinding", "fleet-a-operator-leader-election"),
         ("Deployment", "fleet-a-operator"),
         ("Eagle3Target", "fleet-a"),
-        ("PodDisruptionBudget", "fleet-a"),
         ("NetworkPolicy", "fleet-a"),
         ("ServiceMonitor", "fleet-a"),
         ("PodMonitor", "fleet-a"),
@@ -67,7 +68,6 @@ def test_selectors_follow_the_target_name(overridden):
     """Whatever the overrides, the selectors pick exactly the pods the operator creates for that name."""
     by_kind = {o["kind"]: o for o in overridden}
     selector = builders.selector("fleet-a")
-    assert by_kind["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == selector
     assert by_kind["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"] == selector
     assert by_kind["PodMonitor"]["spec"]["selector"]["matchLabels"] == selector
     assert by_kind["ServiceMonitor"]["spec"]["selector"]["matchLabels"] == selector

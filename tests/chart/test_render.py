@@ -130,10 +130,10 @@ def test_rendered_eagle3target_matches_the_crd_schema(renders, crd):
 
 def test_crd_schema_check_catches_bad_and_unknown_fields(renders, crd):
     target = json.loads(json.dumps(one(renders["defaults"], "Eagle3Target")))
-    target["spec"]["engine"] = "vllm"
+    target["spec"]["engine"] = "tgi"
     target["spec"]["ports"]["nccl"]["perRank"] = 4
     problems = check_eagle3target(target, crd)
-    assert any("engine" in p and "vllm" in p for p in problems), problems
+    assert any("engine" in p and "tgi" in p for p in problems), problems
     assert "spec.ports.nccl.perRank is not in the CRD schema" in problems
 
 
@@ -288,7 +288,7 @@ def test_operator_rbac_mirrors_manifests(renders):
     there and nothing cluster-wide (kopf's scanning is off). tests/cluster proves the rules are what the operator
     uses, no more and no less."""
     manifests = list(yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text()))
-    reference = one(manifests, "ClusterRole")["rules"]
+    reference = one(manifests, "ClusterRole", "eagle3-target-operator")["rules"]
     # namespaces: get only (is a target's namespace terminating?), never kopf's list and watch
     namespaces = [rule for rule in reference if "namespaces" in rule["resources"]]
     assert [rule["verbs"] for rule in namespaces] == [["get"]]
@@ -306,6 +306,12 @@ def test_operator_rbac_mirrors_manifests(renders):
     bindings = [b for b in find(scoped, "RoleBinding") if b["metadata"]["name"] == f"{RELEASE}-operator"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"trainers", "research"}
 
+    # nodes (cluster-scoped, read-only): one ClusterRole, whatever it watches
+    node_rules = one(manifests, "ClusterRole", "eagle3-target-operator-nodes")["rules"]
+    assert node_rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
+    for render in (cluster, scoped):
+        assert one(render, "ClusterRole", f"{RELEASE}-operator-nodes")["rules"] == node_rules
+
     # leader election: the Lease in the operator's own namespace, whatever it watches
     lease_role = one(manifests, "Role", "eagle3-target-operator-leader-election")
     for render in (cluster, scoped):
@@ -314,15 +320,16 @@ def test_operator_rbac_mirrors_manifests(renders):
         binding = one(render, "RoleBinding", f"{RELEASE}-operator-leader-election")
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"][0]["name"] == f"{RELEASE}-operator"
-    assert [r["metadata"]["name"] for r in find(scoped, "ClusterRole")] == []  # no namespaces, no CRDs
+    # nothing else cluster-wide: no namespaces, no CRDs
+    assert [r["metadata"]["name"] for r in find(scoped, "ClusterRole")] == [f"{RELEASE}-operator-nodes"]
 
 
 def test_pdb_and_network_policy_select_the_operators_pods(renders):
     objects = renders["pdb-network-policy"]
     pod_labels = builders.labels(TARGET)
-    pdb = one(objects, "PodDisruptionBudget", TARGET)
-    assert pdb["spec"]["selector"]["matchLabels"] == builders.selector(TARGET)
-    assert pdb["spec"]["maxUnavailable"] == 1
+    # the operator owns the budget (it builds the PodDisruptionBudget); the chart only sets its bounds
+    assert find(objects, "PodDisruptionBudget") == []
+    assert one(objects, "Eagle3Target")["spec"]["disruption"] == {"enabled": True}
     policy = one(objects, "NetworkPolicy", TARGET)
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     trainers, metrics = policy["spec"]["ingress"]
@@ -339,14 +346,7 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
     )
 
     everything = renders["everything"]
-    assert one(everything, "PodDisruptionBudget")["spec"] == {
-        "minAvailable": "50%",
-        "unhealthyPodEvictionPolicy": "IfHealthyBudget",
-        "selector": {"matchLabels": builders.selector(TARGET)},
-    }
-    assert one(renders["pdb-network-policy"], "PodDisruptionBudget")["spec"][
-        "unhealthyPodEvictionPolicy"
-    ] == ("AlwaysAllow"), "a not-ready pod must never block a node drain by default"
+    assert one(everything, "Eagle3Target")["spec"]["disruption"] == {"enabled": True, "minAvailable": 1}
     (trainers,) = one(everything, "NetworkPolicy")["spec"]["ingress"]  # no monitors: no metrics rule
     assert trainers["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "ml"}}
 

@@ -13,7 +13,7 @@ from eagle3_target.operator import builders
 BAD_VALUES = [
     ({"target.replicas": "-1"}, "at '/target/replicas': minimum: got -1, want 0"),
     ({"target.gpusPerReplica": "17"}, "at '/target/gpusPerReplica': maximum: got 17, want 16"),
-    ({"target.engine": '"vllm"'}, "at '/target/engine': value must be one of 'hf', 'sglang'"),
+    ({"target.engine": '"tgi"'}, "at '/target/engine': value must be one of 'hf', 'sglang', 'vllm'"),
     ({"target.dtype": '"int4"'}, "at '/target/dtype'"),
     ({"target.auxLayerIds": "[1, 2]"}, "minItems: got 2, want 3"),
     ({"target.model": '""'}, "at '/target/model'"),
@@ -45,8 +45,9 @@ BAD_VALUES = [
     ({"monitoring.prometheusRule.latencyObjective": "1"}, "at '/monitoring/prometheusRule/latencyObjective'"),
     (
         {"podDisruptionBudget.unhealthyPodEvictionPolicy": '"Never"'},
-        "at '/podDisruptionBudget/unhealthyPodEvictionPolicy'",
+        "additional properties 'unhealthyPodEvictionPolicy' not allowed",  # the operator's budget always allows
     ),
+    ({"podDisruptionBudget.maxUnavailable": "-1"}, "at '/podDisruptionBudget/maxUnavailable'"),
     ({"clusterDomain": '"cluster.local."'}, "at '/clusterDomain'"),
     ({"tests.image": '""'}, "at '/tests/image'"),
     ({"target.replicas": '"2"'}, "at '/target/replicas': got string, want null or integer"),

@@ -15,11 +15,12 @@ import pytest
 
 from eagle3_target.client import PoolOptions
 from eagle3_target.client import dispatch as dispatch_module
+from eagle3_target.client import failover as failover_module
 from eagle3_target.client.connection import RequestRejected, ServerError
 from eagle3_target.client.dispatch import TargetPool
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
 from eagle3_target.client.errors import BatchFailedError
-from eagle3_target.client.membership import Member, MemberState
+from eagle3_target.client.members import Member, MemberState
 from eagle3_target.client.p2p import P2PUnavailable
 from eagle3_target.protocol import encodings
 
@@ -304,7 +305,7 @@ class RecordedSleeps:
 @pytest.mark.parametrize("draw", [1.0, 0.5])
 async def test_rounds_back_off_exponentially_with_jitter_up_to_the_cap(monkeypatch, draw):
     sleeps, bounds = RecordedSleeps(), []
-    monkeypatch.setattr(dispatch_module, "asyncio", sleeps)
+    monkeypatch.setattr(failover_module, "asyncio", sleeps)
     monkeypatch.setattr(random, "uniform", lambda low, high: bounds.append((low, high)) or draw)
     async with pool_of(1, deadline=30.0, backoff_base=0.1, backoff_max=0.5) as pool:
         (member,) = members(pool)

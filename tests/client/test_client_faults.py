@@ -13,7 +13,8 @@ import torch
 from aiohttp.client_reqrep import ConnectionKey
 
 from eagle3_target.client.errors import ServerFault
-from eagle3_target.client.membership import Member, Membership, MemberState, short
+from eagle3_target.client.members import Member, MemberState, short
+from eagle3_target.client.membership import Membership
 from eagle3_target.client.options import PoolOptions
 from eagle3_target.client.p2p import P2PChannel
 from eagle3_target.protocol import contract

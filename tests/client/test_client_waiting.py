@@ -15,7 +15,8 @@ from aiohttp import web
 
 from eagle3_target.client import BatchFailedError, EndpointError, PoolOptions, RemoteTargetBackend
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
-from eagle3_target.client.membership import Member, Membership
+from eagle3_target.client.members import Member
+from eagle3_target.client.membership import Membership
 
 from ..target_support import free_port
 from .client_support import wait_until

@@ -150,9 +150,10 @@ class Node:
         assert not left, f"the node's stop left {left}"
 
 
-def start_node(bin_dir: Path, run_dir: Path, node_dir: Path, kubectl: str) -> Node:
+def start_node(bin_dir: Path, run_dir: Path, node_dir: Path, kubectl: str, taint: bool = True) -> Node:
     """Credentials from the control plane's CA in run_dir, then containerd + kubelet; the node is Ready and
-    the firewall in place when this returns. Its clusterDNS is the gateway, where the test serves DNS."""
+    the firewall in place when this returns. Its clusterDNS is the gateway, where the test serves DNS.
+    Untainted only on a control plane of the caller's own, where no other test's pod can land on it."""
     require_node_tools(bin_dir)
     taken = network_left()
     if taken:
@@ -176,7 +177,7 @@ def start_node(bin_dir: Path, run_dir: Path, node_dir: Path, kubectl: str) -> No
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": NODE_NAME},
-        "spec": {"taints": [TAINT]},
+        "spec": {"taints": [TAINT] if taint else []},
     }
     admin = ["--kubeconfig", str(run_dir / "admin.kubeconfig")]
     subprocess.run(

@@ -73,7 +73,27 @@ LONGEST = "x" * builders.MAX_NAME_LENGTH
             "non-negative integers or percentages like '25%'",
         ),
         ("llama", {"updateStrategy": {"maxSurge": 0, "maxUnavailable": 0}}, "must not both be 0"),
-        ("llama", {"engine": "vllm"}, 'spec.engine: Unsupported value: "vllm"'),
+        ("llama", {"engine": "vllm"}, None),
+        ("llama", {"engine": "tgi"}, 'spec.engine: Unsupported value: "tgi"'),
+        (
+            "llama",
+            {"replicas": 1, "disruption": {"maxUnavailable": 0}},
+            None,
+        ),  # allowed; DrainsBlocked says so
+        ("llama", {"replicas": 0, "disruption": {"maxUnavailable": 2}}, None),  # scaled to zero
+        (
+            "llama",
+            {"replicas": 2, "disruption": {"maxUnavailable": 3}},
+            "disruption.maxUnavailable must not be larger than replicas",
+        ),
+        ("llama", {"disruption": {"maxUnavailable": -1}}, "disruption.maxUnavailable must not be negative"),
+        ("llama", {"disruption": {"minAvailable": -1}}, "disruption.minAvailable must not be negative"),
+        (
+            "llama",
+            {"disruption": {"maxUnavailable": 1, "minAvailable": 1}},
+            "set disruption.maxUnavailable or disruption.minAvailable, not both",
+        ),
+        ("llama", {"nodeFailureToleranceSeconds": -5}, "nodeFailureToleranceSeconds must not be negative"),
         ("llama", {"replicas": -1}, "spec.replicas: Invalid value: -1"),
         ("llama", {"auxLayerIds": [1, 2]}, "spec.auxLayerIds: Invalid value"),
         ("llama", {"ports": {"http": 80}}, "spec.ports.http: Invalid value: 80"),
@@ -131,7 +151,7 @@ def columns(kubectl, namespace: str, *flags: str) -> list[dict[str, str]]:
 def test_printer_columns_scale_and_status_subresources(crd, control_plane, kubectl, namespace):
     kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(target(namespace, replicas=2)))
     (row,) = columns(kubectl, namespace)
-    assert list(row) == ["NAME", "READY", "REASON", "DESIRED", "READYREPLICAS", "UPDATED", "AGE"]
+    assert list(row) == ["NAME", "READY", "REASON", "DESIRED", "READYREPLICAS", "UPDATED", "WAITING", "AGE"]
     assert row["READY"] == "Unknown" and row["REASON"] == "Pending" and row["DESIRED"] == "2"
     assert row["READYREPLICAS"] == row["UPDATED"] == ""
     assert columns(kubectl, namespace, "-o", "wide")[0]["MODEL"] == "m"  # priority 1: only in -o wide

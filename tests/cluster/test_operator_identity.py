@@ -103,7 +103,13 @@ def run_lifecycle(control_plane, kubectl, namespace: str, operator) -> None:
     assert status["observedGeneration"] == stored["metadata"]["generation"]
     pods = [f"pod/{p['metadata']['name']}" for p in kubelet.pods()]
     assert sorted(pods) == ["pod/llama-0", "pod/llama-1"]
-    children = ["service/llama", "service/llama-peers", "configmap/llama-client", *pods]
+    children = [
+        "service/llama",
+        "service/llama-peers",
+        "configmap/llama-client",
+        "poddisruptionbudget/llama",
+        *pods,
+    ]
     for child in children:
         owners = kubectl.json("-n", namespace, "get", child)["metadata"]["ownerReferences"]
         assert [(o["kind"], o["uid"], o["controller"], o["blockOwnerDeletion"]) for o in owners] == [
@@ -142,14 +148,35 @@ def run_lifecycle(control_plane, kubectl, namespace: str, operator) -> None:
         ]
     )
 
+    check_disruption_budget(kubectl, namespace)
     # no delete handler, no finalizer: the real garbage collector removes every child
     kubectl("-n", namespace, "delete", "e3t", "llama", "--wait=true", "--timeout=30s")
 
     def gone():
-        left = kubectl("-n", namespace, "get", "pods,services,configmaps", "-o", "name").stdout.split()
+        kinds = "pods,services,configmaps,poddisruptionbudgets"
+        left = kubectl("-n", namespace, "get", kinds, "-o", "name").stdout.split()
         return [n for n in left if n != "configmap/kube-root-ca.crt" and "openshift" not in n] == []
 
     eventually(gone, timeout=90, interval=1, what="the garbage collector removing the children")
+
+
+def check_disruption_budget(kubectl, namespace: str) -> None:
+    """The budget on by default, its bound switched (a patch that removes the other), then off (deleted)."""
+
+    def budget() -> dict:
+        return kubectl.json("-n", namespace, "get", "poddisruptionbudget", "llama")["spec"]
+
+    assert budget()["maxUnavailable"] == 1 and budget()["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    patch = {"spec": {"disruption": {"minAvailable": 1}}}
+    kubectl("-n", namespace, "patch", "e3t/llama", "--type=merge", "-p", json.dumps(patch))
+    eventually(lambda: budget().get("minAvailable") == 1 and "maxUnavailable" not in budget(), timeout=30)
+    patch = {"spec": {"disruption": {"enabled": False}}}
+    kubectl("-n", namespace, "patch", "e3t/llama", "--type=merge", "-p", json.dumps(patch))
+    eventually(
+        lambda: not kubectl("-n", namespace, "get", "pdb", "-o", "name").stdout.strip(),
+        timeout=30,
+        what="the budget removed",
+    )
 
 
 def assert_least_privilege(control_plane, operator, rbac: list[dict]) -> None:

@@ -145,3 +145,35 @@ def test_server_serves_the_embedded_model_read_only_without_network(server_image
 def logs(name: str) -> str:
     result = container("logs", name)
     return (result.stdout + result.stderr)[-4000:]
+
+
+@pytest.fixture(scope="module")
+def trainer_image() -> str:
+    return image("EAGLE3_TARGET_TRAINER_IMAGE")
+
+
+def test_cpu_trainer_runs_read_only_and_refuses_a_missing_tmp_in_one_line(trainer_image):
+    """The CPU trainer (`scripts/build-images.sh trainer-cpu`) as a pod runs it: uid 1000, read-only root. With
+    /tmp a volume it answers; without one, `probe` says so in one line (the trainer Job's init step)."""
+    assert inspect(trainer_image)["Config"]["User"] == "1000:1000"
+    ok = container(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        trainer_image,
+        "train-draft",
+        "--help",
+    )
+    assert ok.returncode == 0 and "--config" in ok.stdout, ok.stderr
+    torch = "import torch; print(torch.cuda.is_available(), torch.version.cuda)"
+    cpu = container("run", "--rm", "--network", "none", "--entrypoint", "python", trainer_image, "-c", torch)
+    assert cpu.stdout.split() == ["False", "None"], cpu.stdout + cpu.stderr  # the CPU build of torch
+    read_only = ["run", "--rm", "--network", "none", "--read-only", "--read-only-tmpfs=false"]
+    refused = container(*read_only, trainer_image, "probe", "http://127.0.0.1:9")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("eagle3-target probe: error: no writable temporary directory")
+    assert refused.stderr.count("\n") == 1

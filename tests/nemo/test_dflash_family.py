@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from eagle3_target.cli import main
 from eagle3_target.client import RemoteTargetBackend, ServerError
 from eagle3_target.client.nemo.prefetch import PrefetchedBatches
 
@@ -88,8 +89,8 @@ def test_jetspecs_compact_request_trains_as_exactly(target, fleet, references, t
     replies = []
     take = PrefetchedBatches.take
 
-    def recorded(self, *args):
-        reply = take(self, *args)
+    def recorded(self, *args, **kwargs):
+        reply = take(self, *args, **kwargs)
         replies.append(sorted(reply))
         return reply
 
@@ -151,3 +152,23 @@ def test_train_draft_picks_the_recipe_from_the_yaml_and_trains_it_exactly(
     assert got.keys() == reference.keys()
     assert all(torch.equal(got[k], v) for k, v in reference.items())
     assert not weight_files(target.config_only)
+
+
+def test_a_draft_whose_dtype_is_not_the_fleets_is_refused_in_one_line(target, tmp_path, capsys):
+    """A CPU draft computes in float32: against a bfloat16 fleet, train-draft stops at setup, before a step."""
+    server = start_fleet(target.model, ["127.0.0.6"], "--dtype", "bfloat16")[0]
+    try:
+        section = {"endpoints": server.url, "wait_timeout": 30}
+        path = recipe_yaml(
+            FAMILIES["TrainDFlashRecipe"], target.config_only, target.chats, tmp_path, remote_target=section
+        )
+        assert main(["train-draft", "--config", str(path), "--recipe=TrainDFlashRecipe"]) == 2
+    finally:
+        server.kill()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "eagle3-target train-draft: error: draft float32, fleet bfloat16: serve the target with --dtype float32, "
+        "or train where the draft's dtype is bfloat16 (NeMo's recipes compute in bfloat16 on a GPU, float32 on "
+        "the CPU)"
+    )
+    assert not (tmp_path / "checkpoints").exists()

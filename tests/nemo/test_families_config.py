@@ -3,9 +3,7 @@ training (tests/nemo/test_dflash_family.py trains)."""
 
 from __future__ import annotations
 
-import importlib
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -13,43 +11,26 @@ from nemo_automodel.components.config.loader import ConfigNode
 
 import eagle3_target.client.nemo as ours
 from eagle3_target.cli import main
-from eagle3_target.protocol.families import families
+from eagle3_target.client.nemo.registry import families, recipes
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
-NEMO_MODULES = {
-    "TrainEagle3Recipe": "train_eagle3",
-    "TrainDFlashRecipe": "train_dflash",
-    "TrainJetSpecRecipe": "train_jetspec",
-    "TrainDominoRecipe": "train_domino",
-    "TrainDFlash2Recipe": "train_dflash2",
-}
+from .family_table import DOC, docs_rows, example_applied, example_files, table_rows
 
 
-@pytest.mark.parametrize("recipe", sorted(NEMO_MODULES))
+@pytest.mark.parametrize("recipe", sorted(recipes()))
 def test_each_family_recipe_is_exported_as_a_subclass_of_nemos_own(recipe):
-    nemo = getattr(importlib.import_module(f"nemo_automodel.recipes.llm.{NEMO_MODULES[recipe]}"), recipe)
     assert recipe in ours.__all__
-    assert issubclass(getattr(ours, recipe), nemo) and getattr(ours, recipe).__name__ == recipe
+    ours_class = getattr(ours, recipe)
+    nemo = [c for c in ours_class.__mro__[1:] if c.__module__.startswith("nemo_automodel.recipes.")]
+    assert nemo and nemo[0].__name__ == recipe and ours_class.__name__ == recipe
 
 
-EXAMPLE_LAYERS, EXAMPLE_DEPTH = (1, 4, 7), 8  # the docs table shows each request for these
-
-
-def table_row(found) -> str:
-    cells = [
-        found.name,
-        ", ".join(f"`{r}`" for r in found.recipes),
-        f"`{found.ask(EXAMPLE_LAYERS, EXAMPLE_DEPTH).to_header()}`",
-        ", ".join(found.weights),
-        "-" if found.compact is None else f"`{found.compact(EXAMPLE_LAYERS, EXAMPLE_DEPTH).to_header()}`",
-        f"`{found.adapter_module}.py`",
-    ]
-    return "| " + " | ".join(cells) + " |"
-
-
-def test_the_docs_family_table_is_the_codes():
-    rows = [line for line in DOC.read_text().splitlines() if re.match(r"\| \w+ \| `", line)]
-    assert rows == [table_row(families()[name]) for name in sorted(families())]
+def test_the_docs_family_table_is_the_codes_with_the_worked_example_applied(tmp_path):
+    assert set(example_files()) == {
+        "src/eagle3_target/protocol/families/toy.py",
+        "src/eagle3_target/client/nemo/toy.py",
+    }
+    with example_applied(tmp_path):
+        assert docs_rows() == table_rows(families())
 
 
 def doc_recipe(name: str) -> dict:
@@ -63,9 +44,9 @@ def test_the_docs_dflash_recipe_is_one_the_remote_recipe_accepts(monkeypatch, tm
     monkeypatch.setenv("EAGLE3_TARGET_SERVICE", "srv://_http._tcp.qwen3.default.svc.cluster.local")
     monkeypatch.setenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", str(token))
     recipe = ours.TrainDFlashRecipe(ConfigNode(doc_recipe("TrainDFlashRecipe")))
-    kwargs, wait_timeout = recipe.remote_target
-    assert kwargs == {"endpoints": "srv://_http._tcp.qwen3.default.svc.cluster.local", "auth_token": "t0ken"}
-    assert wait_timeout == 300
+    settings = recipe.remote_target
+    assert settings.endpoints == "srv://_http._tcp.qwen3.default.svc.cluster.local"
+    assert settings.auth_token == "t0ken" and settings.wait_timeout == 300
 
 
 @pytest.mark.parametrize(

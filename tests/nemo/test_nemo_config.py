@@ -188,6 +188,6 @@ def test_the_example_trainer_job_runs_train_draft_on_a_recipe_nemo_accepts(tmp_p
     token.write_text("t0ken\n")
     monkeypatch.setenv("EAGLE3_TARGET_SERVICE", "srv://_http._tcp.llama.default.svc.cluster.local")
     monkeypatch.setenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", str(token))
-    kwargs, wait_timeout = TrainEagle3Recipe(cfg).remote_target
-    assert kwargs == {"endpoints": "srv://_http._tcp.llama.default.svc.cluster.local", "auth_token": "t0ken"}
-    assert wait_timeout == 300
+    settings = TrainEagle3Recipe(cfg).remote_target
+    assert settings.endpoints == "srv://_http._tcp.llama.default.svc.cluster.local"
+    assert settings.auth_token == "t0ken" and settings.client_options == {} and settings.wait_timeout == 300

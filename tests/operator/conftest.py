@@ -188,10 +188,16 @@ def _register(kube: KubeEmulator) -> None:
         ("configmaps", "ConfigMap", True),
         ("events", "Event", True),
         ("namespaces", "Namespace", False),
+        ("nodes", "Node", False),
     ]:
         kube.resources[f"v1/{plural}"] = kmock.ResourceInfo(
             kind=kind, namespaced=namespaced, verbs={"list", "watch", "get", "patch", "create", "delete"}
         )
+    kube.resources["policy/v1/poddisruptionbudgets"] = kmock.ResourceInfo(
+        kind="PodDisruptionBudget",
+        namespaced=True,
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
+    )
     kube.resources["coordination.k8s.io/v1/leases"] = kmock.ResourceInfo(
         kind="Lease", namespaced=True, verbs={"list", "watch", "get", "patch", "create", "delete"}
     )

@@ -124,7 +124,7 @@ def test_revision_covers_what_the_user_wrote_not_defaults_or_rollout_settings():
 
 def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
     spec = target()
-    service, peers, configmap = builders.children(spec, "llama", "ml")
+    service, peers, configmap, _ = builders.children(spec, "llama", "ml")
     for svc in (service, peers):
         assert svc["spec"]["clusterIP"] == "None"
         assert [(p["name"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
@@ -161,7 +161,12 @@ def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
         ({"ports": {"nccl": {"start": 29600, "end": 29500}}}, "below"),
         ({"ports": {"http": 29601}}, "overlap"),
         ({"engine": "sglang", "gpusPerReplica": 0}, "sglang"),
-        ({"engine": "vllm"}, "engine"),
+        ({"engine": "tgi"}, "engine"),
+        ({"engine": "sglang", "gpusPerReplica": 2}, "cannot split a replica over 2 GPUs"),
+        ({"disruption": {"maxUnavailable": 1, "minAvailable": 1}}, "not both"),
+        ({"disruption": {"maxUnavailable": -1}}, "negative"),
+        ({"replicas": 2, "disruption": {"maxUnavailable": 3}}, "larger than replicas 2"),
+        ({"nodeFailureToleranceSeconds": -1}, "nodeFailureToleranceSeconds"),
         ({"modelVolume": {"mountPath": "/m"}}, "modelVolume"),
         ({"hostNetwork": True, "replicas": 3, "ports": {"http": 65534}}, "65535"),
     ],
@@ -302,7 +307,7 @@ def test_status_counts_endpoints_and_degraded():
     )
     assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (2, 1, ["127.0.0.2:8001"])
     conditions = {c["type"]: c for c in status["conditions"]}
-    assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "ModelLoading"
+    assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "CrashLoopBackOff"
     assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "PodsFailing")
     assert all(c["observedGeneration"] == 4 for c in conditions.values())
     assert all(c["lastTransitionTime"] == "1970-01-01T00:00:00Z" for c in conditions.values())

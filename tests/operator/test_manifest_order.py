@@ -58,7 +58,9 @@ def readme_order() -> list[str]:
 
 
 def operator_doc_order() -> list[str]:
-    running = (REPO / "docs" / "operator.md").read_text().split("## Running", 1)[1].split("```", 2)[1]
+    """Its first two blocks: the operator alone, then the examples."""
+    section = (REPO / "docs" / "operator.md").read_text().split("## Running", 1)[1].split("\n## ", 1)[0]
+    running = "\n".join(section.split("```")[1:4:2])
     return list(dict.fromkeys(re.findall(r"-f manifests/([a-z-]+\.yaml)", running)))
 
 

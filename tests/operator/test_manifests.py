@@ -53,6 +53,7 @@ def test_crd_identity_subresources_and_columns(crd):
         "Desired",
         "ReadyReplicas",
         "Updated",
+        "Waiting",
         "Model",
         "Age",
     ]

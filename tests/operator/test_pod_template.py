@@ -80,7 +80,13 @@ def test_pod_template_is_merged_and_the_operators_fields_win():
         "topologySpreadConstraints",
     ):
         assert pod_spec[key] == TEMPLATE["spec"][key], key
-    assert [t["key"] for t in pod_spec["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+    # the user's own tolerations first; the defaults only add the node-failure keys they leave out
+    assert [t["key"] for t in pod_spec["tolerations"]] == [
+        "nvidia.com/gpu",
+        "dedicated",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ]
     assert [v["name"] for v in pod_spec["volumes"]][-1] == "rdma"
     assert container["env"][-1] == {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}
     assert container["envFrom"] == [{"configMapRef": {"name": "nccl-tuning"}}]

@@ -100,3 +100,26 @@ def test_dspark_flags_are_refused_with_the_eagle3_family(qwen3, tmp_path, capsys
     argv += ["--input-data", str(chats), "--output-dir", str(tmp_path), "--target-layer-ids", "1"]
     assert precompute(*argv) == 2
     assert "--target-layer-ids is a --family dspark flag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("family", "message"),
+    [
+        ("dflash", "--family dflash has no offline cache; families with one: dspark, eagle3"),
+        ("medusa", "--family medusa: no such draft family (dflash, dspark, "),
+    ],
+)
+def test_a_family_without_an_offline_cache_is_refused_in_one_line(qwen3, tmp_path, capsys, family, message):
+    model, chats = qwen3
+    argv = [
+        "precompute",
+        "--family",
+        family,
+        "--endpoints",
+        "http://127.0.0.1:9",
+        "--target-model",
+        str(model),
+    ]
+    assert precompute(*argv, "--input-data", str(chats), "--output-dir", str(tmp_path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

@@ -7,12 +7,11 @@ never sees asyncio.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -27,6 +26,7 @@ from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
 from .handles import PendingHandle
+from .loop_thread import LoopThread
 from .options import PoolOptions
 
 
@@ -122,11 +122,7 @@ class RemoteTargetBackend:
         encoding: str | None = None,
         features: Features | None = None,
     ):
-        options = options or PoolOptions()
-        if encoding is not None:
-            options = replace(options, encoding=encoding)  # validated by PoolOptions
-        if features is not None:
-            options = replace(options, features=features)
+        options = _options(options, encoding, features)
         if endpoints is None:
             endpoints = default_spec()
         text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
@@ -137,34 +133,16 @@ class RemoteTargetBackend:
         self._draft_vocab = 0  # set by set_vocab_mapping; until then servers refuse /generate (409)
         self._head_rows = _DeviceCache()
         self._weights: dict[str, torch.Tensor] = {}
-        self._closed = False
-        self._pending: set[concurrent.futures.Future] = set()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="eagle3-target-client", daemon=True
-        )
-        self._thread.start()
+        self._loop = LoopThread()
         try:
             # asyncio primitives bind to the loop that first uses them: ours, once start() runs there.
             self.pool = TargetPool(
                 resolver, self.session_id, auth_token=auth_token or read_auth_token(), options=options
             )
-            self._call(self.pool.start())
+            self._loop.call(self.pool.start())
         except BaseException:
             self.close()
             raise
-
-    def _submit(self, coro) -> concurrent.futures.Future:
-        if self._closed:
-            coro.close()
-            raise RuntimeError("the target backend is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
-        return future
-
-    def _call(self, coro):
-        return self._submit(coro).result()
 
     # -- NeMo's backend surface ------------------------------------------------------------
 
@@ -184,7 +162,7 @@ class RemoteTargetBackend:
     def wait_for_servers(self, timeout: float = 60.0) -> int:
         """Wait until every server found so far has joined or failed to (at most ``timeout`` seconds);
         return the number of healthy servers. The constructor returns once the first one is ready."""
-        return self._call(self.pool.settle(timeout))
+        return self._loop.call(self.pool.settle(timeout))
 
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         """Send the draft vocabulary to every server now and to every server that joins later."""
@@ -194,13 +172,13 @@ class RemoteTargetBackend:
                 "selected_token_mask": selected_token_mask.detach().to("cpu", torch.bool),
             }
         )
-        self._call(self.pool.set_vocab_mapping(blob))
+        self._loop.call(self.pool.set_vocab_mapping(blob))
         self._draft_vocab = int(selected_token_ids.numel())
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
         """The target's frozen input embedding (fetched once, then cached)."""
         if self._embeddings is None:
-            weight = self._call(self.pool.input_embeddings())
+            weight = self._loop.call(self.pool.input_embeddings())
             device = self.device or torch.device("cpu")
             embedding = torch.nn.Embedding.from_pretrained(weight.to(device), freeze=True)
             self._embeddings = embedding
@@ -222,7 +200,7 @@ class RemoteTargetBackend:
         given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=True))
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
-        packing = self._packing(position_ids, seq_lens, doc_remaining)
+        packing = _packing(position_ids, seq_lens, doc_remaining, self.pool.options.packing)
         if packing:
             given.update(position_ids=position_ids, seq_lens=seq_lens)
         inputs = {k: t.detach().to("cpu", torch.int64) for k, t in given.items()}
@@ -230,20 +208,7 @@ class RemoteTargetBackend:
         reply = self.pool.generate(wire.encode(inputs), batch, seq, self._draft_vocab)
         inputs["attention_mask"] = attention_mask  # the caller's own, as NeMo returns it
         device = self.device or input_ids.device
-        return BatchHandle(self._submit(reply), inputs, device, self._head_rows, packing)
-
-    def _packing(self, position_ids, seq_lens, doc_remaining) -> dict[str, torch.Tensor]:
-        """The packing metadata handed back in the batch; {} for unpacked rows."""
-        if position_ids is None and seq_lens is None:
-            return {}
-        if position_ids is None or seq_lens is None:
-            raise ValueError("packed rows need both position_ids and seq_lens")
-        if not self.pool.options.packing:
-            raise ValueError(
-                "packed rows need PoolOptions(packing=True): servers without packing are then refused"
-            )
-        packing = {"position_ids": position_ids, "seq_lens": seq_lens}
-        return packing if doc_remaining is None else {**packing, "doc_remaining": doc_remaining}
+        return BatchHandle(self._loop.submit(reply), inputs, device, self._head_rows, packing)
 
     def generate_batch(
         self,
@@ -287,7 +252,7 @@ class RemoteTargetBackend:
         body = {k: t.detach().to("cpu", torch.int64) for k, t in {**given, **packing}.items()}
         batch, seq = input_ids.shape
         reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab, features)
-        return CaptureHandle(self._submit(reply), self.device or input_ids.device)
+        return CaptureHandle(self._loop.submit(reply), self.device or input_ids.device)
 
     def capture(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """``capture_async(...).result()``."""
@@ -297,7 +262,7 @@ class RemoteTargetBackend:
         self, batches: Iterable[tuple[torch.Tensor, ...]], depth: int | None = None
     ) -> Iterator[dict[str, torch.Tensor]]:
         """``prefetch`` for ``capture``: each item is capture's arguments, in order."""
-        return self._prefetched((self.capture_async(*b) for b in batches), depth)
+        return _in_order((self.capture_async(*b) for b in batches), lambda: self._depth(depth))
 
     def target_weight(self, name: str) -> torch.Tensor:
         """The target's whole weight ``name`` ("input_embeddings", "lm_head", "final_norm"), fetched
@@ -305,7 +270,7 @@ class RemoteTargetBackend:
         if name not in WEIGHT_NAMES:
             raise ValueError(f"unknown weight {name!r}; choose {', '.join(WEIGHT_NAMES)}")
         if name not in self._weights:
-            weight = self._call(self.pool.weight(name))
+            weight = self._loop.call(self.pool.weight(name))
             self._weights[name] = weight.to(self.device or torch.device("cpu"))
         return self._weights[name]
 
@@ -314,16 +279,7 @@ class RemoteTargetBackend:
     ) -> Iterator[TargetBatch]:
         """Yield the supervision of (input_ids, attention_mask, loss_mask) triples in submission order,
         keeping up to ``depth`` (default and cap: the healthy servers' capacity) requests in flight."""
-        return self._prefetched((self.generate_batch_async(*b) for b in batches), depth)
-
-    def _prefetched(self, handles: Iterator, depth: int | None) -> Iterator:
-        waiting: collections.deque = collections.deque()
-        for handle in handles:
-            waiting.append(handle)
-            while len(waiting) > self._depth(depth):
-                yield waiting.popleft().result()
-        while waiting:
-            yield waiting.popleft().result()
+        return _in_order((self.generate_batch_async(*b) for b in batches), lambda: self._depth(depth))
 
     def _depth(self, requested: int | None) -> int:
         capacity = max(1, len(self.pool.healthy()) * self.pool.options.max_in_flight)
@@ -331,20 +287,45 @@ class RemoteTargetBackend:
 
     def close(self) -> None:
         """Cancel what is still pending, end our sessions on the servers, stop the loop thread."""
-        if self._closed:
-            return
-        self._closed = True
-        for future in list(self._pending):
-            future.cancel()
-        if hasattr(self, "pool"):
-            asyncio.run_coroutine_threadsafe(self.pool.close(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self._loop.close(self.pool.close if hasattr(self, "pool") else None)
 
     def __enter__(self) -> RemoteTargetBackend:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _options(options: PoolOptions | None, encoding: str | None, features: Features | None) -> PoolOptions:
+    """The pool's options with the constructor's shortcuts applied (PoolOptions validates them)."""
+    options = options or PoolOptions()
+    if encoding is not None:
+        options = replace(options, encoding=encoding)
+    if features is not None:
+        options = replace(options, features=features)
+    return options
+
+
+def _packing(position_ids, seq_lens, doc_remaining, allowed: bool) -> dict[str, torch.Tensor]:
+    """The packing metadata handed back in the batch; {} for unpacked rows."""
+    if position_ids is None and seq_lens is None:
+        return {}
+    if position_ids is None or seq_lens is None:
+        raise ValueError("packed rows need both position_ids and seq_lens")
+    if not allowed:
+        raise ValueError(
+            "packed rows need PoolOptions(packing=True): servers without packing are then refused"
+        )
+    packing = {"position_ids": position_ids, "seq_lens": seq_lens}
+    return packing if doc_remaining is None else {**packing, "doc_remaining": doc_remaining}
+
+
+def _in_order(handles: Iterator, depth: Callable[[], int]) -> Iterator:
+    """The handles' results in submission order, keeping up to ``depth()`` of them in flight."""
+    waiting: collections.deque = collections.deque()
+    for handle in handles:
+        waiting.append(handle)
+        while len(waiting) > depth():
+            yield waiting.popleft().result()
+    while waiting:
+        yield waiting.popleft().result()

@@ -1,7 +1,8 @@
 """`eagle3-target train-draft --config X.yaml [--dotted.key=value ...]`: a NeMo draft recipe on the fleet.
 
 The YAML's ``recipe:`` key picks the recipe as NeMo's launcher does (a class name, a dotted path or
-``{_target_: path}``; default TrainEagle3Recipe); protocol/families/ lists those the fleet trains. The overrides are NeMo's own (``--checkpoint.checkpoint_dir=D``, ``--remote_target.endpoints=...``):
+``{_target_: path}``; default TrainEagle3Recipe); the families' modules (client/nemo/registry.py) name those
+the fleet trains. The overrides are NeMo's own (``--checkpoint.checkpoint_dir=D``, ``--remote_target.endpoints=...``):
 they are checked for shape here and applied by NeMo's config parser.
 """
 
@@ -63,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
     require_temp_dir()  # before NeMo's and torch's imports, which need one
     try:
         from . import nemo  # first: its ImportError says what to install
+        from .nemo import registry
         from .nemo._imports import nemo_module
+        from .nemo.fleet_target import FleetMismatchError
     except ImportError as exc:
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     import yaml  # NeMo's own YAML library
-
-    from eagle3_target.protocol.families import recipe_name
 
     from .endpoints import EndpointError
 
@@ -76,12 +77,15 @@ def run(args: argparse.Namespace) -> int:
     bad_input = (EndpointError, ValueError, yaml.YAMLError)
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
-        recipe_class = nemo.recipe_class(recipe_name(plain(cfg.get("recipe", None))))
+        recipe_class = nemo.recipe_class(registry.recipe_name(plain(cfg.get("recipe", None))))
         recipe = recipe_class(cfg)
     except ImportError as exc:  # NeMo without the recipe's dependencies
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     except bad_input as exc:
         raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
-    recipe.setup()
+    try:
+        recipe.setup()
+    except FleetMismatchError as exc:  # found when the fleet answers, before the first step
+        raise CommandError(str(exc), Exit.USAGE) from None
     recipe.run_train_validation_loop()
     return 0

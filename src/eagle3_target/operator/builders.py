@@ -10,15 +10,15 @@ import json
 
 from eagle3_target.protocol import contract
 
-from . import GROUP
-from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
+from . import GROUP, placement
+from .disruption import pod_disruption_budget
+from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TENSOR_PARALLEL_ENGINES, TargetSpec
+from .volumes import CACHE_DIR, TOKEN_DIR, pod_volumes
 
 MANAGER = "eagle3-target-operator"
 TARGET_LABEL = f"{GROUP}/target"
 ORDINAL_LABEL = f"{GROUP}/ordinal"
 HASH_ANNOTATION = f"{GROUP}/spec-hash"
-TOKEN_DIR = "/var/run/eagle3-target"
-CACHE_DIR = "/var/cache/eagle3-target"
 HF_HOME = f"{CACHE_DIR}/huggingface"
 # On SIGTERM the server finishes requests in flight for up to DRAIN_SECONDS (`serve --drain-timeout`); the pod's
 # grace period leaves it room beyond that to exit by itself before the kubelet kills it.
@@ -93,7 +93,15 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
         args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
     if spec.auth_secret_name:
         args += ["--auth-token-file", f"{TOKEN_DIR}/token"]
-    return args + list(spec.args)
+    return args + _tensor_parallel(spec) + list(spec.args)
+
+
+def _tensor_parallel(spec: TargetSpec) -> list[str]:
+    """Every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size unless `args` set one."""
+    given = any(a == "--tensor-parallel-size" or a.startswith("--tensor-parallel-size=") for a in spec.args)
+    if spec.gpus_per_replica > 1 and spec.engine in TENSOR_PARALLEL_ENGINES and not given:
+        return ["--tensor-parallel-size", str(spec.gpus_per_replica)]
+    return []
 
 
 def _container_ports(spec: TargetSpec, ordinal: int) -> list[dict]:
@@ -145,53 +153,9 @@ def _env(spec: TargetSpec, ordinal: int) -> list[dict]:
     return env + [copy.deepcopy(e) for e in spec.env]  # later entries win, so user env can override
 
 
-def _volumes(spec: TargetSpec) -> tuple[list[dict], list[dict]]:
-    """Scratch space for a read-only root filesystem, the Hugging Face cache (a shared PVC, else a bounded
-    emptyDir), shared memory for NCCL, and the optional model and token."""
-    if spec.model_cache_claim:
-        cache = {"persistentVolumeClaim": {"claimName": spec.model_cache_claim}}
-    else:
-        cache = {"emptyDir": {"sizeLimit": spec.model_cache_size_limit}}
-    shm = {"medium": "Memory", **({"sizeLimit": spec.shm_size} if spec.shm_size else {})}
-    volumes = [
-        {"name": "tmp", "emptyDir": {}},
-        {"name": "cache", **cache},
-        {"name": "dshm", "emptyDir": shm},
-    ]
-    mounts = [
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "cache", "mountPath": CACHE_DIR},
-        {"name": "dshm", "mountPath": "/dev/shm"},
-    ]
-    if spec.model_volume:
-        mv = spec.model_volume
-        if mv.get("persistentVolumeClaim"):
-            source = {
-                "persistentVolumeClaim": {**mv["persistentVolumeClaim"], "readOnly": mv.get("readOnly", True)}
-            }
-        else:
-            source = copy.deepcopy(mv["volumeSource"])
-        volumes.append({"name": "model", **source})
-        mount = {
-            "name": "model",
-            "mountPath": mv.get("mountPath", "/models"),
-            "readOnly": mv.get("readOnly", True),
-        }
-        if mv.get("subPath"):
-            mount["subPath"] = mv["subPath"]
-        mounts.append(mount)
-    if spec.auth_secret_name:
-        items = [{"key": spec.auth_secret_key, "path": "token"}]
-        volumes.append(
-            {"name": "auth-token", "secret": {"secretName": spec.auth_secret_name, "items": items}}
-        )
-        mounts.append({"name": "auth-token", "mountPath": TOKEN_DIR, "readOnly": True})
-    return volumes, mounts
-
-
 def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
     """The pod spec of one replica: its ordinal (hostname, ports) is its identity, not the pod's name."""
-    volumes, mounts = _volumes(spec)
+    volumes, mounts = pod_volumes(spec)
     container = {
         "name": SERVER_CONTAINER,
         "image": image,
@@ -229,6 +193,7 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
         },
         "containers": [container],
         "volumes": volumes,
+        "topologySpreadConstraints": placement.spread(selector(name)),
     }
     if spec.host_network:
         result["hostNetwork"] = True
@@ -237,18 +202,27 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
         result["serviceAccountName"] = spec.service_account_name
     if spec.node_selector:
         result["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        result["tolerations"] = [copy.deepcopy(t) for t in spec.tolerations]
     if spec.affinity:
         result["affinity"] = copy.deepcopy(spec.affinity)
     if spec.image_pull_secrets:
         result["imagePullSecrets"] = [dict(s) for s in spec.image_pull_secrets]
-    return _with_template(result, spec.pod_template.get("spec") or {})
+    merged = _with_template(result, spec.pod_template.get("spec") or {})
+    gpu = spec.gpu_resource_name if spec.gpus_per_replica > 0 and spec.tolerate_gpu_taint else None
+    user = [copy.deepcopy(t) for t in spec.tolerations] + merged.get("tolerations", [])
+    merged["tolerations"] = placement.tolerations(user, gpu, spec.node_failure_tolerance_seconds)
+    return merged
 
 
-# podTemplate.spec fields that replace what the flat fields set, and those whose items are appended.
-TEMPLATE_REPLACES = ("priorityClassName", "runtimeClassName", "schedulerName", "affinity")
-TEMPLATE_APPENDS = ("tolerations", "topologySpreadConstraints", "volumes")
+# podTemplate.spec fields that replace what the flat fields and the defaults set (an empty
+# topologySpreadConstraints list turns the default spread off), and those whose items are appended.
+TEMPLATE_REPLACES = (
+    "priorityClassName",
+    "runtimeClassName",
+    "schedulerName",
+    "affinity",
+    "topologySpreadConstraints",
+)
+TEMPLATE_APPENDS = ("tolerations", "volumes")
 CONTAINER_APPENDS = ("env", "envFrom", "volumeMounts")
 
 
@@ -299,7 +273,12 @@ def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, image: str, p
             "name": pod_name_ or pod_name(name, ordinal),
             "namespace": namespace,
             # the operator's own labels and annotation win: they select the pod and track its revision
-            "labels": {**(template.get("labels") or {}), **labels(name), ORDINAL_LABEL: str(ordinal)},
+            "labels": {
+                **(template.get("labels") or {}),
+                **labels(name),
+                ORDINAL_LABEL: str(ordinal),
+                placement.REVISION_LABEL: revision(spec),
+            },
             "annotations": {**(template.get("annotations") or {}), HASH_ANNOTATION: revision(spec)},
         },
         "spec": pod_spec(spec, name, ordinal, image),
@@ -366,9 +345,13 @@ def client_configmap(
 def children(
     spec: TargetSpec, name: str, namespace: str, cluster_domain: str = "cluster.local"
 ) -> list[dict]:
-    """The children that exist once per target (pods are per ordinal)."""
+    """The children that exist once per target (pods are per ordinal); the PodDisruptionBudget while on."""
     return [
         service(spec, name, namespace),
         peers_service(spec, name, namespace),
         client_configmap(spec, name, namespace, cluster_domain),
-    ]
+    ] + (
+        [pod_disruption_budget(spec.disruption, name, namespace, labels(name), selector(name))]
+        if spec.disruption.enabled
+        else []
+    )

@@ -23,7 +23,8 @@ from . import GROUP, PLURAL, VERSION, builders, incluster
 from .config import OperatorConfig
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
-from .planner import PodState, Rollout, plan
+from .nodes import NodeHealth, lost_pods
+from .planner import FAILING_REASONS, PodState, Rollout, plan
 from .status import Observed, compute_status
 from .target_spec import InvalidSpec, TargetSpec
 
@@ -71,7 +72,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 async def configure(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, target_pods: kopf.Index, **_: Any
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    target_pods: kopf.Index,
+    node_health: kopf.Index,
+    **_: Any,
 ) -> None:
     config = memo.setdefault("config", OperatorConfig())
     settings.posting.level = logging.WARNING  # only problems become Events, besides our own
@@ -86,6 +91,7 @@ async def configure(
     if not await _served(api):
         raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD first")
     memo.children = Children(api)
+    memo.node_index = node_health  # read by every reconcile, whichever handler runs it
     memo.targets = {}
     memo.leader = (
         LeaseElector(api, config, config.lease_namespace or incluster.own_namespace(api.namespace))
@@ -117,6 +123,23 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 @kopf.index("pods", labels=POD_LABELS)
 def target_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[builders.TARGET_LABEL]): PodState.from_pod(dict(body))}
+
+
+@kopf.index("nodes")
+def node_health(name: str, body: kopf.Body, **_: Any) -> dict:
+    return {name: NodeHealth.from_node(dict(body))}
+
+
+@kopf.on.event("nodes")
+async def on_node(body: kopf.Body, memo: kopf.Memo, target_pods: kopf.Index, **_: Any) -> None:
+    """A node that stops reporting moves the targets with pods on it on at once (the resync catches the
+    moment each pod's toleration runs out)."""
+    if NodeHealth.from_node(dict(body)).ready:
+        return
+    node = body.metadata.name
+    for (namespace, name), tracked in list(memo.targets.items()):
+        if any(p.node == node for p in target_pods.get((namespace, name), [])):
+            await reconcile(tracked, memo, target_pods, full=False)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -174,6 +197,7 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             target, problems = None, [str(e)]
 
         pods = tracked.observe(list(index.get((namespace, name), [])), now)
+        lost = lost_pods(pods, _nodes(memo), now)
         rollout, image, create_errors = Rollout(_desired_replicas(spec, pods), ""), "", []
         if target is not None and not problems:
             revision = builders.revision(target)
@@ -182,8 +206,9 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             image = previous["image"] if same else target.image or memo.config.image
             surge, unavailable = target.surge_and_unavailable()
             rollout = Rollout(target.replicas, revision, surge, unavailable, target.partition)
-            create_errors = await _apply(target, tracked, pods, rollout, image, memo, full=full, now=now)
+            create_errors = await _apply(target, tracked, pods, rollout, image, memo, full, now, lost)
             pods = tracked.observe(list(index.get((namespace, name), [])), now)
+        pods = [p for p in pods if p.name not in lost]
 
         observed = Observed(
             rollout=rollout,
@@ -191,6 +216,7 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             create_errors=create_errors,
             progress_deadline=target.progress_deadline_seconds if target else 1800,
             generation=meta.get("generation"),
+            drains_blocked=_drains_blocked(target),
         )
         status = compute_status(
             name=name,
@@ -210,16 +236,45 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
         await _announce(memo.children, body, previous, status)
 
 
-async def _apply(target, tracked, pods, rollout, image, memo, *, full: bool, now: float) -> list[str]:
+def _nodes(memo: kopf.Memo) -> dict[str, NodeHealth]:
+    """The node index as {name: health} (kopf stores each key's values as a collection of one)."""
+    index = memo.get("node_index")
+    return {node: next(iter(values)) for node, values in index.items()} if index is not None else {}
+
+
+def _drains_blocked(target: TargetSpec | None) -> str:
+    if target is None or not target.disruption.blocks_drains(target.replicas):
+        return ""
+    bound = ", ".join(f"{k} {v}" for k, v in target.disruption.budget().items())
+    return (
+        f"the PodDisruptionBudget ({bound}) allows no eviction with {target.replicas} replica(s): a drain of "
+        "a node holding one of these pods waits until spec.disruption or spec.replicas changes"
+    )
+
+
+async def _children(target, body: dict, memo: kopf.Memo) -> None:
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    for child in builders.children(target, name, namespace, memo.config.cluster_domain):
+        kopf.append_owner_reference(child, owner=body)
+        if await memo.children.ensure(child) != "unchanged":
+            log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])
+    if not target.disruption.enabled and await memo.children.remove("PodDisruptionBudget", name, namespace):
+        log.info("%s/%s: PodDisruptionBudget removed (spec.disruption.enabled is false)", namespace, name)
+
+
+async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -> list[str]:
     """Children, then this pass's pod deletions and creations; returns the creations the API refused."""
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     if full:
-        for child in builders.children(target, name, namespace, memo.config.cluster_domain):
-            kopf.append_owner_reference(child, owner=body)
-            if await memo.children.ensure(child) != "unchanged":
-                log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])
-    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace)
+        await _children(target, body, memo)
+    for pod_name in sorted(lost):
+        # the kubelet that would confirm a graceful deletion is gone: remove the pod now, so that its
+        # replacement can start on a Ready node
+        if await memo.children.delete_pod(pod_name, namespace, force=True):
+            message = f"pod {pod_name} outlived its toleration on a node that stopped reporting: deleted"
+            await memo.children.post_event(body, "Warning", "NodeLost", message)
+    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace, lost)
     for pod_name in step.delete:
         if await memo.children.delete_pod(pod_name, namespace):
             tracked.deleted[pod_name] = now
@@ -240,14 +295,18 @@ async def _apply(target, tracked, pods, rollout, image, memo, *, full: bool, now
 
 
 async def _announce(children: Children, body: dict, previous: dict, status: dict) -> None:
-    """A Warning Event for an invalid spec or refused pods: one per distinct message, not one per pass."""
+    """A Warning Event for an invalid spec or refused pods (one per distinct message), and for each new
+    reason pods wait on (one per reason, not one per pass or per pod)."""
 
-    def degraded(block: dict) -> dict:
-        return next((c for c in block.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    def find(block: dict, type_: str) -> dict:
+        return next((c for c in block.get("conditions") or [] if c.get("type") == type_), {})
 
-    now, before = degraded(status), degraded(previous)
+    now, before = find(status, "Degraded"), find(previous, "Degraded")
     if now.get("reason") in ANNOUNCED and (now.get("reason"), now.get("message")) != (
         before.get("reason"),
         before.get("message"),
     ):
         await children.post_event(body, "Warning", now["reason"], now["message"])
+    ready, was = find(status, "Ready"), find(previous, "Ready")
+    if ready.get("reason") in FAILING_REASONS and ready["reason"] != was.get("reason"):
+        await children.post_event(body, "Warning", ready["reason"], ready["message"])

@@ -10,12 +10,13 @@ from typing import Any
 
 import kr8s
 import kr8s.asyncio
-from kr8s.asyncio.objects import ConfigMap, Event, Namespace, Pod, Service, new_class
+from kr8s.asyncio.objects import ConfigMap, Event, Namespace, Pod, PodDisruptionBudget, Service, new_class
 
 from . import GROUP, KIND, PLURAL, VERSION
+from .disruption import switch_bound
 
 Target = new_class(KIND, f"{GROUP}/{VERSION}", namespaced=True, plural=PLURAL)
-KINDS = {"Pod": Pod, "Service": Service, "ConfigMap": ConfigMap}
+KINDS = {"Pod": Pod, "Service": Service, "ConfigMap": ConfigMap, "PodDisruptionBudget": PodDisruptionBudget}
 
 
 def is_subset(desired: Any, actual: Any) -> bool:
@@ -56,8 +57,19 @@ class Children:
             return "created"
         if is_subset(body, current.raw):
             return "unchanged"
-        await current.patch({k: v for k, v in body.items() if k not in ("apiVersion", "kind")})
+        patch = switch_bound(body) if body["kind"] == "PodDisruptionBudget" else body
+        await current.patch({k: v for k, v in patch.items() if k not in ("apiVersion", "kind")})
         return "patched"
+
+    async def remove(self, kind: str, name: str, namespace: str) -> bool:
+        """Delete the object if it is there (read first: a quiet pass costs no write)."""
+        current = self._object({"kind": kind, "metadata": {"name": name, "namespace": namespace}})
+        try:
+            await current.refresh()
+            await current.delete()
+        except kr8s.NotFoundError:
+            return False
+        return True
 
     async def create_pod(self, body: dict) -> dict | None:
         """The created pod, or None if one of that name exists; other refusals (403 from admission, 422)
@@ -71,9 +83,10 @@ class Children:
             raise
         return pod.raw
 
-    async def delete_pod(self, name: str, namespace: str) -> bool:
+    async def delete_pod(self, name: str, namespace: str, *, force: bool = False) -> bool:
+        """`force`: grace period 0, gone from the API at once without the kubelet's confirmation."""
         try:
-            await Pod({"metadata": {"name": name, "namespace": namespace}}, api=self.api).delete()
+            await Pod({"metadata": {"name": name, "namespace": namespace}}, api=self.api).delete(force=force)
         except kr8s.NotFoundError:
             return False
         return True

@@ -27,6 +27,14 @@ def parse_time(value: str | None) -> float | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+def _failure_tolerations(tolerations: list[dict]) -> tuple[tuple[str, float | None], ...]:
+    found: dict[str, float | None] = {}
+    for t in tolerations:
+        if t.get("effect") in (None, "", "NoExecute") and t.get("key"):
+            found[t["key"]] = t.get("tolerationSeconds")
+    return tuple(sorted(found.items()))
+
+
 @dataclass(frozen=True)
 class PodState:
     """What the operator needs to know about one target pod (this is what the kopf index stores)."""
@@ -42,6 +50,9 @@ class PodState:
     failing_reason: str | None
     failing_message: str = ""
     deadline: float | None = None  # when a terminating pod should have been gone (its deletionTimestamp)
+    node: str | None = None
+    # seconds the pod tolerates each NoExecute node-failure taint; None: forever
+    node_tolerations: tuple[tuple[str, float | None], ...] = ()
 
     @classmethod
     def from_pod(cls, body: dict[str, Any]) -> PodState:
@@ -70,6 +81,8 @@ class PodState:
             failing_reason=failing.get("reason"),
             failing_message=failing.get("message") or "",
             deadline=parse_time(meta.get("deletionTimestamp")),
+            node=spec.get("nodeName"),
+            node_tolerations=_failure_tolerations(spec.get("tolerations") or []),
         )
 
     @property
@@ -117,13 +130,13 @@ def free_name(target: str, ordinal: int, taken: set[str]) -> str:
     return candidate
 
 
-def plan(target: str, pods: list[PodState], rollout: Rollout, now: float = 0.0, grace: float = 300.0) -> Plan:
+def plan(target: str, pods: list[PodState], rollout: Rollout, now=0.0, grace=300.0, lost=frozenset()) -> Plan:
     """Deployment semantics over ordinals: never more than replicas + maxSurge pods (a pod still terminating
-    holds its GPU, so it counts until abandoned) and never fewer than replicas - maxUnavailable ready ones."""
-    result = Plan()
-    taken = {p.name for p in pods}
-    live = [p for p in pods if not p.terminating]
-    leaving = [p for p in pods if p.terminating and not p.abandoned(now, grace)]
+    holds its GPU, so it counts until abandoned) and never fewer than replicas - maxUnavailable ready ones.
+    `lost` pods (on a dead node) count as gone at once; their names stay taken until the API drops them."""
+    result, taken = Plan(), {p.name for p in pods}
+    live = [p for p in pods if not p.terminating and p.name not in lost]
+    leaving = [p for p in pods if p.terminating and not p.abandoned(now, grace) and p.name not in lost]
     extras = sorted((p for p in live if not 0 <= p.ordinal < rollout.replicas), key=lambda p: -p.ordinal)
     finished = [p for p in live if 0 <= p.ordinal < rollout.replicas and p.phase in ("Failed", "Succeeded")]
     result.delete += [p.name for p in extras + finished]

@@ -3,7 +3,9 @@ only when their status flips."""
 
 from __future__ import annotations
 
+import collections
 import datetime
+import re
 from dataclasses import dataclass, field
 
 from .planner import FAILING_REASONS, PodState, Rollout, parse_time
@@ -49,6 +51,22 @@ class Observed:
     create_errors: list[str] = field(default_factory=list)  # "pod: API message" per refused creation
     progress_deadline: float = 1800.0
     generation: int | None = None
+    drains_blocked: str = ""  # why the PodDisruptionBudget lets no eviction through, if it does not
+
+
+def waiting_detail(pod: PodState) -> str:
+    """The words of the scheduler or kubelet that say what a pod waits on, without the scheduler's preamble
+    and its preemption report: "20 Insufficient nvidia.com/gpu", 'secret "token" not found'."""
+    message = (pod.failing_message or pod.failing_reason or "").split(". preemption:")[0]
+    message = re.sub(r"^\d+/\d+ nodes are available: ", "", message).rstrip(".")
+    return message[:160]
+
+
+def waiting(pods: list[PodState], rollout: Rollout) -> str:
+    """For `kubectl get`: each distinct wait, most pods first ("3 pods: 20 Insufficient nvidia.com/gpu")."""
+    blocked = [p for p in pods if not p.terminating and not p.ready and p.failing_reason]
+    counts = collections.Counter(waiting_detail(p) for p in blocked if 0 <= p.ordinal < rollout.replicas)
+    return "; ".join(f"{n} pod{'s' if n > 1 else ''}: {detail}" for detail, n in counts.most_common())
 
 
 def _fleet_conditions(pods: list[PodState], observed: Observed) -> list[dict]:
@@ -66,6 +84,10 @@ def _fleet_conditions(pods: list[PodState], observed: Observed) -> list[dict]:
         ready_cond = condition("Ready", False, "FailedCreate", "; ".join(observed.create_errors), generation)
     elif len(ready) >= rollout.replicas and not outdated and len(wanted) == rollout.replicas:
         ready_cond = condition("Ready", True, "AllTargetsReady", counts, generation)
+    elif blocked := [p for p in wanted if not p.ready and p.failing_reason]:
+        # what blocks the fleet, where `kubectl get` shows it (Reason column), with the pod's own words
+        detail = f"{counts}; {blocked[0].name}: {waiting_detail(blocked[0])}"
+        ready_cond = condition("Ready", False, blocked[0].failing_reason, detail, generation)
     elif len(wanted) < rollout.replicas or any(p.phase == "Pending" for p in wanted):
         ready_cond = condition("Ready", False, "PodsStarting", counts, generation)
     elif outdated:
@@ -160,6 +182,7 @@ def compute_status(
         "serviceName": name,
         "endpoints": endpoints,
     }
+    result["waiting"] = waiting(pods, rollout)
     if observed.generation is not None:
         result["observedGeneration"] = observed.generation
     if rollout.revision:
@@ -172,22 +195,34 @@ def compute_status(
         current = _fleet_conditions(pods, observed)
         _track_progress(current, previous, result, observed, at)
     stall = _stall(pods, observed, current)
-    ready = current[0]["status"] == "True"
-    current += [
+    current += _summary_conditions(current[0], stall, observed)
+    result["conditions"] = merge_conditions(previous.get("conditions"), current, format_time(at))
+    return result
+
+
+def _summary_conditions(ready_cond: dict, stall: tuple[str, str] | None, observed: Observed) -> list[dict]:
+    """Reconciling and Stalled (kstatus), and whether the budget blocks drains."""
+    ready = ready_cond["status"] == "True"
+    return [
         condition(
             "Reconciling",
             not ready and not stall,
-            current[0]["reason"],
-            current[0]["message"],
+            ready_cond["reason"],
+            ready_cond["message"],
             observed.generation,
         ),
         condition(
             "Stalled",
             stall is not None,
             stall[0] if stall else "AsExpected",
-            stall[1] if stall else current[0]["message"],
+            stall[1] if stall else ready_cond["message"],
+            observed.generation,
+        ),
+        condition(
+            "DrainsBlocked",
+            bool(observed.drains_blocked),
+            "NoEvictionAllowed" if observed.drains_blocked else "AsExpected",
+            observed.drains_blocked or "drains may evict this target's pods",
             observed.generation,
         ),
     ]
-    result["conditions"] = merge_conditions(previous.get("conditions"), current, format_time(at))
-    return result

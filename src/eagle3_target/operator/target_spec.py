@@ -8,10 +8,15 @@ from typing import Any
 
 from eagle3_target.protocol.contract import DEFAULT_PORT
 
+from .disruption import Disruption
+
 # Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
 ROLLOUT_FIELDS = frozenset(
-    {"replicas", "max_surge", "max_unavailable", "partition", "progress_deadline_seconds"}
+    {"replicas", "max_surge", "max_unavailable", "partition", "progress_deadline_seconds", "disruption"}
 )
+ENGINES = ("hf", "sglang", "vllm")
+# Engines whose `serve` splits a replica over its GPUs (--tensor-parallel-size); sglang's runner runs one rank.
+TENSOR_PARALLEL_ENGINES = ("hf", "vllm")
 
 
 SERVER_CONTAINER = "server"
@@ -98,6 +103,9 @@ class TargetSpec:
     model_cache_size_limit: str = "200Gi"
     shm_size: str | None = None
     pod_template: dict = field(default_factory=dict)
+    disruption: Disruption = Disruption()
+    node_failure_tolerance_seconds: int = 60  # a replica is cheap to move and slow to wait for
+    tolerate_gpu_taint: bool = True
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -160,6 +168,9 @@ class TargetSpec:
             model_cache_size_limit=str(cache.get("sizeLimit", "200Gi")),
             shm_size=str(spec["shmSize"]) if spec.get("shmSize") else None,
             pod_template=_pod_template(spec.get("podTemplate") or {}),
+            disruption=Disruption.parse(spec.get("disruption")),
+            node_failure_tolerance_seconds=int(spec.get("nodeFailureToleranceSeconds", 60)),
+            tolerate_gpu_taint=bool(spec.get("tolerateGpuTaint", True)),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:
@@ -181,14 +192,22 @@ class TargetSpec:
     def problems(self) -> list[str]:
         """Semantic errors the CRD schema cannot catch (and schema errors, since a spec may skip validation)."""
         errors = []
-        if self.engine not in ("hf", "sglang"):
-            errors.append(f"engine {self.engine!r} is not one of hf, sglang")
+        if self.engine not in ENGINES:
+            errors.append(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.gpus_per_replica > 1 and self.engine not in TENSOR_PARALLEL_ENGINES:
+            errors.append(
+                f"engine {self.engine} cannot split a replica over {self.gpus_per_replica} GPUs (tensor "
+                f"parallel); use gpusPerReplica 1 or one of {', '.join(TENSOR_PARALLEL_ENGINES)}"
+            )
         if self.engine == "sglang" and self.gpus_per_replica == 0:
             errors.append("engine sglang needs gpusPerReplica >= 1")
         if self.replicas < 0:
             errors.append("replicas must not be negative")
         if self.gpus_per_replica < 0:
             errors.append("gpusPerReplica must not be negative")
+        if self.node_failure_tolerance_seconds < 0:
+            errors.append("nodeFailureToleranceSeconds must not be negative")
+        errors += self.disruption.problems(self.replicas)
         if self.aux_layer_ids is not None:
             if len(self.aux_layer_ids) != 3:
                 errors.append(f"auxLayerIds needs three layer ids, got {len(self.aux_layer_ids)}")

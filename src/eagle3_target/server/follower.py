@@ -25,7 +25,9 @@ async def serve_follower(engine: str, options: dict, *socks: socket.socket) -> i
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     for sock in socks:
-        await web.SockSite(runner, sock).start()
+        site = web.SockSite(runner, sock)
+        await site.start()
+        log.info("listening on %s (/livez only)", site.name)
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

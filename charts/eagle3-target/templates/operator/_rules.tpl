@@ -17,6 +17,9 @@
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
@@ -25,4 +28,11 @@
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [get]
+{{- end }}
+
+{{/* Cluster-scoped and read-only: which nodes are Ready, to replace pods on dead ones (manifests/rbac.yaml too). */}}
+{{- define "eagle3-target.operator.nodeRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list, watch]
 {{- end }}

@@ -6,7 +6,9 @@ and the post-norm last hidden state [B,S,H], unshifted; the draft copies the tar
 lm_head once at setup. The fleet captures the layers and the post-norm hidden state; the two weights come
 once. Targets NeMo loads with NeMoAutoModelForCausalLM only (Qwen3-style, Gemma4): its DeepSeek V4,
 GLM-5.2, Kimi K3 and MiniMax M3 targets come from expert-parallel builders the fleet does not replace.
-YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py) with ``prefetch_depth``.
+NeMo loads and wraps the target inside one setup(), so the fleet stands in there (takeover.py). Its
+offline cache: `eagle3-target precompute --family dspark` (client/precompute/dspark.py).
+YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py).
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from eagle3_target.protocol.families import by_recipe
-
 from ._imports import nemo_module
-from .features import FeatureTarget, dspark_context, open_backend
-from .prefetch import depth_setting
-from .remote import RemoteTargetSection
+from .captures import dspark_context
+from .family import FleetFamily, OfflineCache
+from .fleet_recipe import FleetRecipe
+from .fleet_target import FleetTarget
 from .takeover import fleet_target
 
 _dspark = nemo_module("recipes.llm.train_dspark")
@@ -35,15 +36,8 @@ BUILDER_MODEL_TYPES = frozenset(
 )
 
 
-class RemoteDSparkTarget(FeatureTarget):
+class RemoteDSparkTarget(FleetTarget):
     """Duck-typed as NeMo's HFDSparkTargetModel."""
-
-    def __init__(
-        self, backend, weights, device: torch.device, prefetch_depth, *, target_layer_ids, num_layers
-    ):
-        super().__init__(backend, weights, device, prefetch_depth)
-        self.target_layer_ids = list(target_layer_ids)
-        self.num_layers = num_layers
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
         return _target.DSparkTargetBatch(
@@ -64,8 +58,6 @@ def refuse_local_only(cfg) -> None:
         raise ValueError("recipe_args.cached_target_path trains offline, without a target: use NeMo's recipe")
     if recipe_cfg.get("multimodal", False):
         raise ValueError("recipe_args.multimodal loads a MiniMax M3 VL target through NeMo's own builder")
-    if int(cfg.get("distributed.cp_size", 1) or 1) > 1:
-        raise ValueError("distributed.cp_size>1 shards a co-located target; the fleet runs it whole")
     config = AutoConfig.from_pretrained(
         recipe_cfg.target_model_name_or_path,
         trust_remote_code=bool(recipe_cfg.get("trust_remote_code", False)),
@@ -77,38 +69,39 @@ def refuse_local_only(cfg) -> None:
         )
 
 
-class TrainDSparkRecipe(RemoteTargetSection, _dspark.TrainDSparkRecipe):
+class TrainDSparkRecipe(FleetRecipe, _dspark.TrainDSparkRecipe):
     """NeMo's TrainDSparkRecipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    recipe_keys = ("prefetch_depth",)
+    sharded_axes = ("cp_size",)
 
     def __init__(self, cfg):
         refuse_local_only(cfg)
         super().__init__(cfg)
-        self.prefetch_depth = depth_setting(self.recipe_settings.get("prefetch_depth"))
 
-    def setup(self):
-        with fleet_target(_dspark, "HFDSparkTargetModel", self._fleet_wrapper):
-            super().setup()
-        self.target_wrapper.prefetched.wrap_loaders(self)
+    def fleet_setup(self):
+        return fleet_target(_dspark, "HFDSparkTargetModel", self._fleet_wrapper)
 
     def _fleet_wrapper(self, config_only, *, target_layer_ids, cp_mesh=None) -> RemoteDSparkTarget:
         config = config_only.config
         num_layers = int((getattr(config, "text_config", None) or config).num_hidden_layers)
         layer_ids = _common.validate_target_layer_ids(list(target_layer_ids), num_layers)
-        family = by_recipe("TrainDSparkRecipe")
-        backend, weights = open_backend(family, self.device, self.remote_target, layer_ids, num_layers)
-        return RemoteDSparkTarget(
-            backend,
-            weights,
-            self.device,
-            self.prefetch_depth,
-            target_layer_ids=layer_ids,
-            num_layers=num_layers,
-        )
+        return self.open_fleet_target(layer_ids, num_layers)
 
-    def run_train_validation_loop(self):
-        try:
-            super().run_train_validation_loop()
-        finally:
-            self.target_wrapper.close()  # ends our sessions on the servers
+
+def write_offline_cache(args, token):
+    from ..precompute.dspark import precompute_dspark
+
+    return precompute_dspark(args, token)
+
+
+FAMILY = FleetFamily(
+    name="dspark",
+    recipes=("TrainDSparkRecipe",),
+    replaces="HFDSparkTargetModel",
+    target=RemoteDSparkTarget,
+    offline_cache=OfflineCache(
+        write_offline_cache,
+        flags={"draft_num_hidden_layers": 5, "target_layer_ids": None, "chat_template": None}
+        | {"target_attn_implementation": None, "target_force_hf": False},
+    ),
+)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -18,12 +17,6 @@ def packing(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
     if "seq_lens" not in batch:
         return {"position_ids": None, "seq_lens": None}
     return {"position_ids": batch["position_ids"], "seq_lens": batch["seq_lens"]}
-
-
-def depth_setting(value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"remote_target.prefetch_depth={value!r}: a positive integer, or leave it out")
-    return value
 
 
 class PrefetchedBatches:

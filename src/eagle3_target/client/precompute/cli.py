@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from eagle3_target.exits import CommandError, Exit
 
-from .options import add_arguments, check
+from .options import add_arguments, check, check_family_flags
 
 __all__ = ["add_arguments", "run"]
 
@@ -43,11 +43,14 @@ def run(args: argparse.Namespace) -> int:
 
     token = read_token(args.auth_token_file)
     endpoint_specs(args.endpoints)  # a bad spec, or none and no $EAGLE3_TARGET_SERVICE: a usage error
-    from .runner import precompute  # a missing package: the CLI's one line names it and the extra
-
     with fleet_errors():
         try:
-            print(precompute(args, token).summary())
+            # a missing package: the CLI's one line names it and the extra
+            from ..nemo.registry import offline_caches
+
+            caches = {name: found.offline_cache for name, found in offline_caches().items()}
+            check_family_flags(args, caches)
+            print(caches[args.family].write(args, token).summary())
         except ImportError as exc:
             if isinstance(exc, ModuleNotFoundError):
                 raise

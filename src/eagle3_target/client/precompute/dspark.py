@@ -2,7 +2,7 @@
 
 The files are the ones NeMo's ``precompute_dspark`` writes (manifest.json, shard-NNNNNN.safetensors,
 target_weights.safetensors), built with NeMo's own manifest and cache-tensor functions; the fleet captures
-the target layers and the post-norm hidden state (client/nemo/features.py puts them in NeMo's layout) and
+the target layers and the post-norm hidden state (client/nemo/captures.py puts them in NeMo's layout) and
 hands out the embeddings and lm_head. Workers, resume and object storage as for EAGLE-3's cache (runner.py).
 The manifest says ``"complete": true`` once every shard is there, whichever worker writes the last one.
 """
@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
-from eagle3_target.protocol.families import by_recipe
+from eagle3_target.protocol.families import family
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
 from ..nemo._imports import nemo_module
-from ..nemo.features import dspark_context
+from ..nemo.captures import dspark_context
 from . import cache, data, runner
 from .options import UsageError
 from .progress import Progress
@@ -153,7 +153,7 @@ def precompute_dspark(args: argparse.Namespace, token: str | None) -> Progress:
     target_utils.apply_target_chat_template(tokenizer, args.chat_template)
     if args.target_attn_implementation is not None or args.target_force_hf:
         log.warning("--target-attn-implementation and --target-force-hf: the fleet's servers load the target")
-    features = by_recipe("TrainDSparkRecipe").ask(layer_ids, num_layers)
+    features = family("dspark").ask(layer_ids, num_layers)
     with connect(args, token, features) as backend:
         check_model(backend.model_info(), config if text is config else text, args)
         loader_data = data.Dataset(data.nemo_loader(args, tokenizer))

@@ -12,6 +12,7 @@ from pathlib import Path
 from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.choices import AUTO, ENCODING_CHOICES, HIDDEN
 from eagle3_target.protocol.contract import PRIORITIES
+from eagle3_target.protocol.families import families
 
 WORKER_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
 WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Job template sets it)
@@ -34,21 +35,12 @@ def env_int(name: str, default: int) -> int:
     return int(text) if text else default
 
 
-FAMILIES = ("eagle3", "dspark")
-# Each family's own flags and their defaults: given with the other family, they are refused in one line.
-EAGLE3_ONLY = {"draft_vocab_size": None, "target_probs_topk": 0, "aux_layer_ids": None, "encoding": AUTO}
-EAGLE3_ONLY |= {"allow_approximate": False}
-DSPARK_ONLY = {"draft_num_hidden_layers": 5, "target_layer_ids": None, "chat_template": None}
-DSPARK_ONLY |= {"target_attn_implementation": None, "target_force_hf": False}
-
-
 def add_family_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--family",
         default="eagle3",
-        choices=FAMILIES,
-        help="which of NeMo's offline caches to write: eagle3 (precompute_eagle3's, the default) or dspark "
-        "(precompute_dspark's)",
+        help="which family's NeMo offline cache to write: eagle3 (precompute_eagle3's, the default), dspark "
+        "(precompute_dspark's), or another family's that has one",
     )
 
 
@@ -254,14 +246,26 @@ def check(args: argparse.Namespace) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    other = DSPARK_ONLY if args.family == "eagle3" else EAGLE3_ONLY
-    for name, default in other.items():
-        if getattr(args, name) != default:
-            flag = "--" + name.replace("_", "-")
-            owner = "dspark" if args.family == "eagle3" else "eagle3"
-            raise UsageError(f"{flag} is a --family {owner} flag; this run writes the {args.family} cache")
-    if args.family == "dspark" and args.draft_num_hidden_layers < 1:
+    if args.family not in families():
+        raise UsageError(f"--family {args.family}: no such draft family ({', '.join(sorted(families()))})")
+    if args.draft_num_hidden_layers < 1:
         raise UsageError(f"--draft-num-hidden-layers must be >= 1, got {args.draft_num_hidden_layers}")
     data = os.path.expanduser(args.input_data)
     if LOCAL_DATA.search(args.input_data) and not os.path.exists(data):
         raise UsageError(f"--input-data {args.input_data}: no such file or directory")
+
+
+def check_family_flags(args: argparse.Namespace, caches: dict) -> None:
+    """``caches``: family name -> its OfflineCache (client/nemo/registry.py). A family without one, or
+    another family's flag, is refused in one line."""
+    if args.family not in caches:
+        raise UsageError(
+            f"--family {args.family} has no offline cache; families with one: {', '.join(sorted(caches))}"
+        )
+    for owner, offline in sorted(caches.items()):
+        for name, default in offline.flags.items():
+            if owner != args.family and getattr(args, name) != default:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(
+                    f"{flag} is a --family {owner} flag; this run writes the {args.family} cache"
+                )

@@ -10,7 +10,6 @@ from . import Family
 
 FAMILY = Family(
     name="dflash",
-    recipes=("TrainDFlashRecipe", "TrainDominoRecipe", "TrainDFlash2Recipe"),
     ask=lambda layers, _n: Features(layers=tuple(layers)),
     weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
 )

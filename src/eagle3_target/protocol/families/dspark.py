@@ -14,7 +14,6 @@ def ask(layers, num_hidden_layers: int) -> Features:
 
 FAMILY = Family(
     name="dspark",
-    recipes=("TrainDSparkRecipe",),
     ask=ask,
     weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
 )

@@ -6,7 +6,6 @@ from . import Family
 
 FAMILY = Family(
     name="eagle1",
-    recipes=("TrainEagle1Recipe", "TrainEagle2Recipe"),
     ask=lambda _layers, _n: Features(final_hidden=True, logits=LOGITS_FULL, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
     compact=lambda _layers, _n: Features(final_hidden=True),

@@ -8,8 +8,6 @@ from . import Family
 
 FAMILY = Family(
     name="eagle3",
-    recipes=("TrainEagle3Recipe",),
     ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_DRAFT_PROBS, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS,),
-    adapter="recipe",
 )

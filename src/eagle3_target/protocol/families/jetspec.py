@@ -5,9 +5,7 @@ from . import Family
 
 FAMILY = Family(
     name="jetspec",
-    recipes=("TrainJetSpecRecipe",),
     ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_FULL),
     weights=(WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD),
     compact=lambda layers, _n: Features(layers=tuple(layers), final_hidden=True),
-    adapter="dflash",
 )

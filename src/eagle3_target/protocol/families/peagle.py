@@ -6,9 +6,7 @@ from . import Family
 
 FAMILY = Family(
     name="peagle",
-    recipes=("TrainEagle3Recipe:parallel_drafting",),
     ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_FULL, shift=True),
     weights=(WEIGHT_INPUT_EMBEDDINGS,),
     compact=lambda layers, _n: Features(layers=tuple(layers), final_hidden=True),
-    adapter="recipe",  # TrainEagle3Recipe switches to this family when the YAML asks for parallel drafting
 )

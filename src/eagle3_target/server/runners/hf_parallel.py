@@ -26,26 +26,32 @@ log = logging.getLogger(__name__)
 STOP = None  # the command that ends the followers' loop
 
 
+def node_options(options: dict) -> dict:
+    """The load options of this node's ranks: the embedded tiny Llama is written to a directory first
+    (before any rank joins: transformers saves only from rank 0 of a group), so every rank loads the
+    same weights the same way. ``name`` keeps what /model_info reports."""
+    options = {k: v for k, v in options.items() if k != "parallel"}  # JSON-safe, for the rank processes
+    if options.get("model") is not None:
+        return {**options, "name": options["model"]}
+    from .tiny import build_tiny_llama
+
+    path = tempfile.mkdtemp(prefix="eagle3-tiny-")
+    build_tiny_llama().save_pretrained(path)
+    return {**options, "model": path, "name": EMBEDDED_MODEL}
+
+
 def load_split_model(options: dict, world_size: int, device: str):
-    """(model, name): this rank's shard of the model; the embedded tiny Llama is written out first so
-    every rank loads the same weights the same way."""
+    """(model, name): this rank's shard of the model (``options`` from node_options)."""
     from transformers import AutoModelForCausalLM
 
-    model = options.get("model")
-    name = model or EMBEDDED_MODEL
-    if model is None:
-        from .tiny import build_tiny_llama
-
-        model = tempfile.mkdtemp(prefix="eagle3-tiny-")
-        build_tiny_llama().save_pretrained(model)
     module = AutoModelForCausalLM.from_pretrained(
-        model,
+        options["model"],
         dtype=resolve_dtype(options.get("dtype", "auto"), device),
         trust_remote_code=options.get("trust_remote_code", False),
         tp_plan="auto",
         tp_size=world_size,
     )
-    return module, name
+    return module, options["name"]
 
 
 def _whole(value):
@@ -123,7 +129,8 @@ def load(options: dict, layout: ParallelLayout) -> HFParallelRunner:
     from .hf import HFRunner
 
     device = options.get("device", "cpu")
-    group = join(layout, _portable(options), device)
+    options = node_options(options)
+    group = join(layout, options, device)
     module, name = load_split_model(options, layout.world_size, device)
     inner = HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
     log.info("rank 0 of %d leads the hf replica (tensor parallel %d)", layout.world_size, layout.world_size)
@@ -132,7 +139,8 @@ def load(options: dict, layout: ParallelLayout) -> HFParallelRunner:
 
 def follow(options: dict, layout: ParallelLayout) -> None:
     """A node-rank > 0 `serve`: start the node's other ranks, then follow rank 0 until the replica ends."""
-    follow_group(join(layout, _portable(options), options.get("device", "cpu")), options)
+    options = node_options(options)
+    follow_group(join(layout, options, options.get("device", "cpu")), options)
 
 
 def follow_group(group: RankGroup, options: dict) -> None:
@@ -154,8 +162,3 @@ def follow_group(group: RankGroup, options: dict) -> None:
                 log.debug("rank %d: call %s failed as on rank 0", group.rank, box[0][0], exc_info=True)
     finally:
         group.stop_children()
-
-
-def _portable(options: dict) -> dict:
-    """The load options a rank process is started with (JSON: no layout object)."""
-    return {k: v for k, v in options.items() if k != "parallel"}

@@ -1,24 +1,31 @@
-"""NeMo's TrainEagle3Recipe with the fleet as its remote target, configured by a ``remote_target:`` section
-(remote.py describes it).
-
-With ``recipe_args.parallel_drafting: true`` (P-EAGLE) the fleet sends what NeMo's co-located target
-computes (peagle.py); ``remote_target.compact: true`` has it send the post-norm hidden state instead of
-full-vocabulary logits, and the trainer applies the target's lm_head.
+"""EAGLE-3 (NeMo's TrainEagle3Recipe) with the fleet as its remote target: NeMo's own remote interface
+(backend.py), its batch the negotiated encoding's. With ``recipe_args.parallel_drafting: true`` the same class
+trains P-EAGLE (peagle.py), whose target this recipe's co-located hook opens.
 """
 
 from __future__ import annotations
 
+from eagle3_target.protocol.choices import AUTO
+
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend
-from .remote import RemoteTargetSection
+from .family import FleetFamily, OfflineCache
+from .fleet_recipe import FleetRecipe
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
+_target = nemo_module("components.speculative.eagle.target")
 
 
-class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
+def write_offline_cache(args, token):
+    from ..precompute.eagle3 import precompute_eagle3
+
+    return precompute_eagle3(args, token)
+
+
+class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
     """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
-    recipe_keys = ("compact",)
+    prefetches_loaders = False  # NeMo's own prefetch loop (recipe_args.target_prefetch_depth)
 
     def __init__(self, cfg):
         backend = cfg.get("recipe_args.target_model_backend", "remote")
@@ -34,22 +41,24 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
                     "name the fleet with remote_target.endpoints instead"
                 )
         self.parallel_drafting = bool(cfg.get("recipe_args.parallel_drafting", False))
-        for axis in ("cp_size", "tp_size"):
-            if self.parallel_drafting and int(cfg.get(f"distributed.{axis}", 1) or 1) > 1:
-                raise ValueError(f"distributed.{axis}>1 shards a co-located target; the fleet runs it whole")
+        self.sharded_axes = ("cp_size", "tp_size") if self.parallel_drafting else ()
         # P-EAGLE: NeMo's gate admits only a co-located target, whose loader is the hook taken over below.
         cfg.set_by_dotted(
             "recipe_args.target_model_backend", "colocated" if self.parallel_drafting else "remote"
         )
         super().__init__(cfg)
-        self.compact = self.recipe_settings.get("compact", False)
-        if not isinstance(self.compact, bool):
-            raise ValueError(f"remote_target.compact={self.compact!r}: true or false")
-        if self.compact and not self.parallel_drafting:
+
+    def check_settings(self) -> None:
+        if self.remote_target.compact and not self.parallel_drafting:
             raise ValueError(
                 "remote_target.compact applies to P-EAGLE (parallel_drafting: true); "
                 "EAGLE-3 takes draft-vocabulary supervision (remote_target.encoding)"
             )
+        super().check_settings()
+
+    @property
+    def compact(self) -> bool:
+        return self.remote_target.compact
 
     def _setup_online_target(self, recipe_cfg, target_path, draft_base_config):
         packed = int(recipe_cfg.get("packed_sequence_size", 0) or 0)
@@ -75,28 +84,43 @@ class TrainEagle3Recipe(RemoteTargetSection, _nemo_recipe.TrainEagle3Recipe):
         return super()._prefetched_batches(dataloader)
 
     def _setup_remote_target(self, recipe_cfg):
-        kwargs, wait_timeout = self.remote_target
+        settings = self.remote_target
         packing = int(recipe_cfg.get("packed_sequence_size", 0) or 0) > 0
         self.target_model = None
         self.target_wrapper = NeMoTargetBackend(
-            device=self.device, ranks_share_weights=True, **{**kwargs, "packing": packing}
+            settings.endpoints,
+            settings.auth_token,
+            device=self.device,
+            ranks_share_weights=True,
+            **{**settings.client_options, "packing": packing},
         )
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
-        self.target_wrapper.wait_for_servers(wait_timeout)
+        self.target_wrapper.wait_for_servers(settings.wait_timeout)
 
     def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
         if not self.parallel_drafting:
             # packed rows (_setup_online_target): the fleet stands in for NeMo's co-located target
             return self._setup_remote_target(recipe_cfg)
-        # P-EAGLE: the fleet captures what NeMo's HFEagle3TargetModel would.
-        from .peagle import open_peagle_target
-
+        # P-EAGLE: the fleet captures the aux layers NeMo's co-located HFEagle3TargetModel would.
+        num_layers = draft_base_config.num_hidden_layers
+        layers = recipe_cfg.get("aux_layer_ids", None)
+        if layers is None:
+            layers = _target.default_eagle3_aux_layer_ids(num_layers)
         self.target_model = None
-        self.target_wrapper = open_peagle_target(
-            self.remote_target,
-            self.device,
-            recipe_cfg.get("aux_layer_ids", None),
-            draft_base_config.num_hidden_layers,
-            self.compact,
+        self.target_wrapper = self.open_fleet_target(
+            _target.validate_eagle3_aux_layer_ids(layers, num_layers), num_layers
         )
+
+
+FAMILY = FleetFamily(
+    name="eagle3",
+    recipes=("TrainEagle3Recipe",),
+    replaces="RemoteEagle3TargetModel",
+    target=None,
+    offline_cache=OfflineCache(
+        write_offline_cache,
+        flags={"draft_vocab_size": None, "target_probs_topk": 0, "aux_layer_ids": None, "encoding": AUTO}
+        | {"allow_approximate": False},
+    ),
+)

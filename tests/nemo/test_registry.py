@@ -1,13 +1,19 @@
-"""protocol/families/: what each NeMo recipe asks of the target, and the YAML recipe: key in NeMo's forms."""
+"""client/nemo/registry.py: every family found from the code (a protocol module and a trainer module of the
+same name), and the YAML recipe: key in NeMo's forms."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from eagle3_target.protocol.families import DEFAULT_RECIPE, by_recipe, recipe_families, recipe_name
+from eagle3_target.client.nemo import registry
+from eagle3_target.client.nemo.registry import DEFAULT_RECIPE, by_recipe, recipe_class, recipe_name
+from eagle3_target.protocol.families import families as protocol_families
 from eagle3_target.protocol.features import LOGITS_FULL, LOGITS_NONE
 
 DFLASH_FAMILY = ("TrainDFlashRecipe", "TrainJetSpecRecipe", "TrainDominoRecipe", "TrainDFlash2Recipe")
+SRC = Path(registry.__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -38,12 +44,27 @@ def test_an_unknown_recipe_names_the_ones_there_are():
     assert "parallel_drafting" not in str(refused.value)  # a mode of TrainEagle3Recipe, not a class
 
 
+def test_every_family_is_a_protocol_module_and_a_trainer_module_of_the_same_name():
+    modules = {p.stem for p in (SRC / "protocol" / "families").glob("*.py")} - {"__init__"}
+    assert set(registry.families()) == set(protocol_families()) == modules
+    for name, found in registry.families().items():
+        assert (SRC / "client" / "nemo" / f"{name}.py").is_file()
+        assert found.request is protocol_families()[name] and found.recipes
+    for recipe, found in registry.recipes().items():
+        assert recipe_class(recipe).__name__ == recipe and found.selected_by is None
+
+
+def test_a_recipe_args_flag_selects_a_family_inside_another_familys_recipe():
+    assert by_recipe(DEFAULT_RECIPE).name == "eagle3"
+    assert by_recipe(DEFAULT_RECIPE, {"parallel_drafting": False}).name == "eagle3"
+    assert by_recipe(DEFAULT_RECIPE, {"parallel_drafting": True}).name == "peagle"
+
+
 def test_the_dflash_family_asks_for_unshifted_layers_and_jetspec_for_full_logits_too():
-    assert recipe_families()[DEFAULT_RECIPE].name == "eagle3"
     for name in DFLASH_FAMILY:
         found = by_recipe(name)
-        assert found.adapter_module == "dflash"
-        features = found.ask([1, 4, 7], 8)
+        assert found.replaces == "HFDFlashTargetModel"
+        features = found.request.ask([1, 4, 7], 8)
         assert features.layers == (1, 4, 7) and not features.shift and not features.final_hidden
         assert features.logits == (LOGITS_FULL if name == "TrainJetSpecRecipe" else LOGITS_NONE)
-        assert found.weights == ("input_embeddings", "lm_head")
+        assert found.request.weights == ("input_embeddings", "lm_head")

@@ -1,0 +1,85 @@
+"""A split replica lives and dies whole (server/ranks.py, server/rank_health.py): a dead rank makes rank 0
+answer 503 on /health and /readyz and exit within 30 s; a dead rank 0 takes every other rank with it within
+30 s; no rank process outlives its replica. Checked by SIGKILL and by pid."""
+
+import contextlib
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from parallel_support import alive, children, wait_gone
+from target_support import TargetProcess, free_port
+
+WITHIN = 30.0
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def status(url: str, path: str) -> int:
+    try:
+        with OPENER.open(url + path, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def split_server() -> tuple[TargetProcess, int]:
+    """`serve --tensor-parallel-size 2` on the embedded tiny Llama, ready, and its one rank process."""
+    server = TargetProcess("127.0.0.1", "--tensor-parallel-size", "2").wait_ready(300)
+    (rank,) = children(server.process.pid)
+    return server, rank
+
+
+def assert_503_then_exit(server: TargetProcess, start: float) -> None:
+    seen = set()
+    while server.process.poll() is None:
+        with contextlib.suppress(OSError):  # the listener closes as the process exits
+            seen.add((status(server.url, "/health"), status(server.url, "/readyz")))
+        assert time.monotonic() - start < WITHIN, "rank 0 still running"
+        time.sleep(0.2)
+    assert (503, 503) in seen and server.process.returncode != 0
+
+
+def test_a_dead_rank_makes_rank_0_answer_503_and_exit():
+    server, rank = split_server()
+    try:
+        assert status(server.url, "/health") == 200
+        start = time.monotonic()
+        os.kill(rank, signal.SIGKILL)
+        assert_503_then_exit(server, start)
+    finally:
+        server.kill()
+
+
+def test_a_dead_rank_0_takes_its_ranks_with_it():
+    server, rank = split_server()
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.kill()
+    wait_gone([rank], WITHIN)
+
+
+@pytest.fixture
+def two_nodes():
+    flags = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port())]
+    leader = TargetProcess("127.0.0.1", *flags)
+    follower = TargetProcess("127.0.0.1", *flags, "--node-rank", "1")
+    leader.wait_ready(300)
+    yield leader, follower
+    leader.kill()
+    follower.kill()
+
+
+def test_across_nodes_a_dead_follower_node_stops_the_leader(two_nodes):
+    leader, follower = two_nodes
+    start = time.monotonic()
+    os.kill(follower.process.pid, signal.SIGKILL)
+    assert_503_then_exit(leader, start)
+
+
+def test_across_nodes_a_dead_leader_node_stops_the_follower(two_nodes):
+    leader, follower = two_nodes
+    os.kill(leader.process.pid, signal.SIGKILL)
+    follower.process.wait(WITHIN)
+    assert follower.process.returncode != 0 and not alive(follower.process.pid)
