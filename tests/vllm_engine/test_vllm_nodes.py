@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from parallel_support import TOLERANCE
 from target_support import free_port
 
 from .split_support import NODE_ENV, alive, children, gaps

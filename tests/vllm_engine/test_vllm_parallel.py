@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+from parallel_support import TOLERANCE
 
 from eagle3_target.server.parallel import ParallelLayout
 from eagle3_target.server.runners import load_runner

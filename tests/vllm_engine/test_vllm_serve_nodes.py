@@ -37,8 +37,13 @@ def start_replica(model: str) -> tuple[TargetProcess, subprocess.Popen]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    head = TargetProcess("127.0.0.1", *flags, "--node-rank", "0")
-    return head.wait_ready(timeout=1200), follower
+    try:
+        head = TargetProcess("127.0.0.1", *flags, "--node-rank", "0")
+        return head.wait_ready(timeout=1200), follower
+    except BaseException:
+        follower.kill()
+        follower.wait()
+        raise
 
 
 async def served_replies(url: str, num_layers: int) -> dict[str, torch.Tensor]:
