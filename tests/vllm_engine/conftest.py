@@ -20,7 +20,6 @@ collect_ignore = (
         "test_vllm_engine.py",
         "test_vllm_server.py",
         "test_vllm_parallel.py",
-        "test_vllm_nodes.py",
         "test_vllm_serve_nodes.py",
     ]
 )

@@ -1,6 +1,5 @@
-"""Shared by the vllm engine's split-replica tests and the node processes they start (a plain module
-there): the batch, what a trainer asks of a target, and how close the replies are to one device's.
-The model is parallel_support.write_split_llama's: values of order 1, head_dim 32, 2 KV heads."""
+"""Shared by the vllm engine's split-replica tests: the batch, what a trainer asks of a target, and how
+close the replies are to one device's. The model is parallel_support.write_split_llama's: values of order 1, head_dim 32, 2 KV heads."""
 
 import torch
 

@@ -51,7 +51,9 @@ async def served_replies(url: str, num_layers: int) -> dict[str, torch.Tensor]:
     input_ids, attention_mask, loss_mask, vocab = batch()
     out = {}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/set_vocab_mapping", data=vocab_body(vocab.ids, vocab.mask)) as resp:
+        async with http.post(
+            f"{url}/set_vocab_mapping", data=vocab_body(vocab.selected_token_ids, vocab.selected_token_mask)
+        ) as resp:
             assert resp.status == 200, await resp.text()
         async with http.post(
             f"{url}/generate", data=generate_body(input_ids, attention_mask, loss_mask)

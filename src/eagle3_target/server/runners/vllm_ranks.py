@@ -20,7 +20,7 @@ from ..parallel import ParallelLayout
 log = logging.getLogger(__name__)
 
 BEAT_S = 2.0  # how often each node beats
-STALE_S = 15.0  # a counter still this long: its node is gone (well within the 30 s a rank may take to go)
+STALE_S = 10.0  # a counter still this long: its node is gone (rank 0 then answers 503 and exits within 30 s)
 START_S = 180.0  # the head beats only once its engine is up; until a node's first beat, this long
 BEAT_KEY = "eagle3_target/vllm_beat/{}"
 
