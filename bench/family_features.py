@@ -36,7 +36,7 @@ from aiohttp import web
 
 from eagle3_target.protocol import capture, wire
 from eagle3_target.protocol.families import families
-from eagle3_target.protocol.features import LOGITS_DRAFT_PROBS, Features
+from eagle3_target.protocol.features import CAN_IMAGE_MASK, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
@@ -47,6 +47,7 @@ from engine_throughput import BENCH_LLAMA  # noqa: E402  (the sibling bench's mo
 
 QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
 LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
+QWEN25_VL_7B = dict(num_hidden_layers=28, hidden_size=3584, vocab_size=152064)  # its language model
 DRAFT_VOCAB = 32000
 # family -> (the target NeMo's recipe pairs it with here, target_layer_ids); any other family: DEFAULT_REAL
 REAL = {
@@ -56,6 +57,8 @@ REAL = {
     "peagle": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),  # EAGLE-3's default aux layers
     "eagle1": ("Llama-3.1-8B", LLAMA31_8B, []),
     "eagle3": ("Llama-3.1-8B", LLAMA31_8B, [1, 15, 28]),
+    "vispec_stage1": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),
+    "vispec": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),  # the merged embedding output is layer -1
 }
 DEFAULT_REAL = REAL["dflash"]
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
@@ -73,15 +76,23 @@ def reply_bytes(features: Features, batch: int, seq: int, shape: dict, dtype=tor
     return total
 
 
+def image_text(family) -> bool:
+    """Whether a family's request needs an image-text target."""
+    return CAN_IMAGE_MASK in family.ask([0], 2).needs()
+
+
 def real(family: str) -> tuple[str, dict, list[int]]:
     return REAL.get(family, DEFAULT_REAL)
 
 
 def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
-    """Each family's exact request and, where it has one, its compact request."""
+    """Each text family's exact request and, where it has one, its compact request (a text-only target:
+    the families whose request needs an image-text target's image mask are left out)."""
     out = {}
     for name, family in families().items():
         ids = layer_ids[: len(real(name)[2]) or None]
+        if image_text(family):
+            continue
         out[name] = family.ask(ids, num_layers)
         if family.compact is not None:
             out[f"{name} compact"] = family.compact(ids, num_layers)

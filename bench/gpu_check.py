@@ -3,6 +3,7 @@
     python bench/gpu_check.py [--json gpu_check.json] [--layers 8] [--batch 4 --seq 2048]
     python bench/gpu_check.py --layers 32 --json gpu_check_32.json   # the 8B shape: issue 32's goal
     python bench/gpu_check.py --device cpu --small        # what CI runs: a tiny shape on the CPU
+    python bench/gpu_check.py --tensor-parallel-size 2    # `serve` split over 2 GPUs against 1 (tokens/s)
 
 With ``PYTHONPATH=src`` from the repository root; about a minute at 8 layers and two to three at 32
 on an H100 or H200 (most of it building the model and its float32 reference).
@@ -42,8 +43,10 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 MISSING = []
 try:
@@ -395,6 +398,27 @@ def print_table(result: dict) -> None:
     )
 
 
+def split_check(args: argparse.Namespace) -> int:
+    """bench/tensor_parallel.py at 8B widths (layers cut to --layers), bf16, one GPU per rank."""
+    if torch.cuda.device_count() < args.tensor_parallel_size:
+        print(f"--tensor-parallel-size {args.tensor_parallel_size} needs as many GPUs", file=sys.stderr)
+        return 2
+    flags = [
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--tensor-parallel-size",
+        str(args.tensor_parallel_size),
+    ]
+    flags += ["--layers", str(args.layers), "--batch", str(args.batch), "--seq", str(args.seq)]
+    flags += ["--repeats", str(args.repeats), *(["--json", args.json] if args.json else [])]
+    if not args.small:
+        flags += ["--hidden", "4096", "--vocab", "128256"]
+    bench = Path(__file__).with_name("tensor_parallel.py")
+    return subprocess.run([sys.executable, str(bench), *flags], check=False).returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
@@ -414,7 +438,16 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (default 5)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="above 1: tokens/s and per-request overhead of `serve` split over this many GPUs against one "
+        "(bench/tensor_parallel.py), instead of the one-GPU check",
+    )
     args = parser.parse_args()
+    if args.tensor_parallel_size > 1:
+        return split_check(args)
     if MISSING:
         print(
             f"gpu_check needs {', '.join(MISSING)}: pip install it beside the preinstalled torch",

@@ -51,9 +51,16 @@ def parser_options(command: str) -> set[str]:
     return {flag for action in actions for flag in action.option_strings}
 
 
+# A path in backquotes and a colon, then a code block: a file the doc gives whole for the reader to create
+# (docs/families.md's worked example), which the repository does not hold.
+GIVEN_WHOLE = re.compile(r"^`([^`\n]+)`:\n\n```", re.M)
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=doc_id)
 def test_every_path_named_exists(doc):
-    absent = sorted(p for p in named_paths(doc.read_text()) if not (ROOT / p).exists())
+    text = doc.read_text()
+    given = set(GIVEN_WHOLE.findall(text))
+    absent = sorted(p for p in named_paths(text) - given if not (ROOT / p).exists())
     assert not absent, f"{doc_id(doc)} names paths that do not exist: {absent}"
 
 

@@ -149,6 +149,7 @@ def run_lifecycle(control_plane, kubectl, namespace: str, operator) -> None:
     )
 
     check_disruption_budget(kubectl, namespace)
+    check_mount_failure(kubectl, namespace)
     # no delete handler, no finalizer: the real garbage collector removes every child
     kubectl("-n", namespace, "delete", "e3t", "llama", "--wait=true", "--timeout=30s")
 
@@ -177,6 +178,64 @@ def check_disruption_budget(kubectl, namespace: str) -> None:
         timeout=30,
         what="the budget removed",
     )
+
+
+def check_mount_failure(kubectl, namespace: str) -> None:
+    """A pod stuck in ContainerCreating on a missing Secret: what the kubelet reports (written here as admin, as
+    the stand-in kubelet does) reaches the target's status, named."""
+    pod = kubectl.json("-n", namespace, "get", "pod", "llama-0")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "llama-0.mount", "namespace": namespace},
+        "involvedObject": {
+            "kind": "Pod",
+            "name": "llama-0",
+            "namespace": namespace,
+            "uid": pod["metadata"]["uid"],
+        },
+        "type": "Warning",
+        "reason": "FailedMount",
+        "message": 'MountVolume.SetUp failed for volume "auth-token" : secret "absent-token" not found',
+        "source": {"component": "kubelet"},
+    }
+    kubectl("create", "-f", "-", input=json.dumps(event))
+    container = pod["spec"]["containers"][0]
+    status = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        ],
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+        ],
+    }
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "pod",
+        "llama-0",
+        "--subresource=status",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+    def named():
+        stored = kubectl.json("-n", namespace, "get", "e3t", "llama")["status"]
+        return 'secret "absent-token" not found' in stored.get("waiting", "") and stored
+
+    status = eventually(named, timeout=30, what="the missing Secret in status.waiting")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "FailedMount" and "absent-token" in ready["message"]
 
 
 def assert_least_privilege(control_plane, operator, rbac: list[dict]) -> None:

@@ -17,15 +17,19 @@ LEASE = "eagle3-target-operator"
 
 
 def bind_second_account(kubectl, name: str) -> None:
-    """A second ServiceAccount bound to the manifests' ClusterRole and Lease Role."""
+    """A second ServiceAccount bound to the manifests' ClusterRoles and Lease Role."""
     kubectl("-n", HOME, "create", "serviceaccount", name)
-    kubectl(
-        "create",
-        "clusterrolebinding",
-        name,
-        "--clusterrole=eagle3-target-operator",
-        f"--serviceaccount={HOME}:{name}",
-    )
+    for role, binding in (
+        ("eagle3-target-operator", name),
+        ("eagle3-target-operator-nodes", f"{name}-nodes"),
+    ):
+        kubectl(
+            "create",
+            "clusterrolebinding",
+            binding,
+            f"--clusterrole={role}",
+            f"--serviceaccount={HOME}:{name}",
+        )
     kubectl(
         "-n",
         HOME,

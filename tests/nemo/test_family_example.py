@@ -24,6 +24,8 @@ ENUMERATING = (
     "tests/nemo/test_families_config.py",
     "tests/bench/test_family_features.py::test_computed_reply_bytes_are_the_bytes_a_server_sends",
 )
+# two processes importing NeMo (about 30 s each on a loaded 2-core machine), a server, one short training
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SMALL_DFLASH = dict(
     draft_num_hidden_layers=2, block_size=4, num_anchors=8, mask_token_id=3, attention_backend="sdpa"
 )
@@ -52,7 +54,6 @@ def in_project(project: Path, *argv: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow
 def test_the_example_family_is_served_and_trains_and_train_draft_lists_it(project, tmp_path, monkeypatch):
     target = make_target(tmp_path / "qwen3", "qwen3")
     monkeypatch.setenv("PYTHONPATH", str(project / "src"))  # the server runs the copy's code too
@@ -74,7 +75,6 @@ def test_the_example_family_is_served_and_trains_and_train_draft_lists_it(projec
     assert refused.returncode == 2 and "TrainToyRecipe" in refused.stderr.splitlines()[-1]
 
 
-@pytest.mark.slow
 def test_the_bench_and_the_tests_that_enumerate_the_families_find_it_unchanged(project):
     script = (
         "import sys; sys.path.insert(0, 'bench'); import family_features as bench; "

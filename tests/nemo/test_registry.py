@@ -37,8 +37,8 @@ def test_a_recipe_key_that_names_no_class_is_refused(value):
 
 def test_an_unknown_recipe_names_the_ones_there_are():
     with pytest.raises(ValueError) as refused:
-        by_recipe("TrainVispecRecipe")
-    assert "TrainVispecRecipe is not a recipe the fleet trains" in str(refused.value)
+        by_recipe("TrainMedusaRecipe")
+    assert "TrainMedusaRecipe is not a recipe the fleet trains" in str(refused.value)
     for known in (DEFAULT_RECIPE, *DFLASH_FAMILY):
         assert known in str(refused.value)
     assert "parallel_drafting" not in str(refused.value)  # a mode of TrainEagle3Recipe, not a class

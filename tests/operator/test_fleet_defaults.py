@@ -219,3 +219,26 @@ def test_a_lost_pod_is_replaced_at_once_under_a_new_name():
     assert step.create == [(1, "t-1-r1")] and step.delete == []
     # without the node's word the stuck-pod grace still waits
     assert plan("t", pods, Rollout(2, "r"), now=EPOCH + 1, grace=300).create == []
+
+
+def test_a_pod_creating_its_containers_is_told_apart_and_its_mount_failure_named():
+    from eagle3_target.operator.handlers import MOUNT_GRACE, Tracked
+
+    body = {
+        "metadata": {"name": "t-0", "labels": {"eagle3.dev/ordinal": "0"}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "server"}]},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ],
+            "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}],
+        },
+    }
+    pod = PodState.from_pod(body)
+    assert pod.creating_since == EPOCH and pod.failing_reason is None and pod.node == "n1"
+    tracked = Tracked(body={})
+    tracked.mounts = {"t-0": 'MountVolume.SetUp failed for volume "auth-token" : secret "tok" not found'}
+    (named,) = tracked.with_mounts([pod])
+    assert (named.failing_reason, named.failing_message) == ("FailedMount", 'secret "tok" not found')
+    assert MOUNT_GRACE <= 30

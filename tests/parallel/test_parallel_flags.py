@@ -39,6 +39,11 @@ def test_a_tensor_parallel_size_that_splits_no_heads_names_both_counts():
     assert "--tensor-parallel-size 4" in line and "8 attention heads" in line and "2 key-value heads" in line
 
 
+def test_vllm_may_copy_kv_heads_over_more_ranks_than_it_has():
+    check_parallel("vllm", ParallelLayout(tensor_parallel_size=4), CONFIG)  # 2 KV heads, each on 2 ranks
+    assert "3 key-value heads" in refusal("vllm", CONFIG_THREE_WAY, tensor_parallel_size=2)  # 6 heads, 3 KV
+
+
 def test_pipeline_parallel_beyond_the_layers_is_refused():
     assert "larger than the model's 4 layers" in refusal("vllm", pipeline_parallel_size=5)
 

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from parallel_support import alive, children, wait_gone
+from parallel_support import alive, children, two_serve_processes, wait_gone, write_split_llama
 from target_support import TargetProcess, free_port
 
 WITHIN = 30.0
@@ -27,8 +27,13 @@ def status(url: str, path: str) -> int:
 
 def split_server() -> tuple[TargetProcess, int]:
     """`serve --tensor-parallel-size 2` on the embedded tiny Llama, ready, and its one rank process."""
-    server = TargetProcess("127.0.0.1", "--tensor-parallel-size", "2").wait_ready(300)
-    (rank,) = children(server.process.pid)
+    server = TargetProcess("127.0.0.1", "--tensor-parallel-size", "2")
+    try:
+        server.wait_ready(300)
+        (rank,) = children(server.process.pid)
+    except BaseException:
+        server.kill()
+        raise
     return server, rank
 
 
@@ -63,12 +68,9 @@ def test_a_dead_rank_0_takes_its_ranks_with_it():
 @pytest.fixture
 def two_nodes():
     flags = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port())]
-    leader = TargetProcess("127.0.0.1", *flags)
-    follower = TargetProcess("127.0.0.1", *flags, "--node-rank", "1")
-    leader.wait_ready(300)
-    yield leader, follower
-    leader.kill()
-    follower.kill()
+    with two_serve_processes(flags) as (leader, follower):
+        leader.wait_ready(300)
+        yield leader, follower
 
 
 def test_across_nodes_a_dead_follower_node_stops_the_leader(two_nodes):
@@ -83,3 +85,29 @@ def test_across_nodes_a_dead_leader_node_stops_the_follower(two_nodes):
     os.kill(leader.process.pid, signal.SIGKILL)
     follower.process.wait(WITHIN)
     assert follower.process.returncode != 0 and not alive(follower.process.pid)
+
+
+def test_a_rank_a_follower_node_started_dying_stops_that_node_and_the_leader(tmp_path):
+    """Two nodes of two ranks each (tensor parallel 4): node-rank 1's `serve` started rank 3 itself."""
+    model = write_split_llama(
+        tmp_path / "model", hidden_size=128, num_attention_heads=4, num_key_value_heads=4
+    )
+    flags = [
+        "--model",
+        str(model),
+        "--tensor-parallel-size",
+        "4",
+        "--nnodes",
+        "2",
+        "--master-port",
+        str(free_port()),
+    ]
+    with two_serve_processes(flags) as (leader, follower):
+        leader.wait_ready(300)
+        (rank_3,) = children(follower.process.pid)
+        start = time.monotonic()
+        os.kill(rank_3, signal.SIGKILL)
+        # Its own watchdog, not rank 0's (which calls a silent rank dead only after 10 s): well within that.
+        follower.process.wait(8)
+        assert follower.process.returncode != 0
+        assert_503_then_exit(leader, start)

@@ -21,7 +21,7 @@ from eagle3_target.protocol import encodings, wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
 from eagle3_target.protocol.features import WEIGHT_NAMES, Features
 
-from .capture import CaptureHandle, check_packing
+from .capture import CaptureHandle, check_packing, image_inputs
 from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
@@ -236,10 +236,12 @@ class RemoteTargetBackend:
         loss_mask: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         seq_lens: torch.Tensor | None = None,
+        images: dict[str, torch.Tensor] | None = None,
     ) -> CaptureHandle:
         """Submit one batch for the backend's ``features``; the handle's ``result()`` is the reply's
         tensors by key (``Features.reply_keys``) on the caller's device. ``position_ids`` and
-        ``seq_lens`` are NeMo's packing metadata, for servers that offer "packing"."""
+        ``seq_lens`` are NeMo's packing metadata, for servers that offer "packing"; ``images`` an
+        image-text batch's processor outputs (contract.IMAGE_KEYS), for servers that take images."""
         features = self.features
         if features is None:
             raise ValueError("this backend asks for no features: pass features=Features(...) to it")
@@ -250,6 +252,7 @@ class RemoteTargetBackend:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
         body = {k: t.detach().to("cpu", torch.int64) for k, t in {**given, **packing}.items()}
+        body.update(image_inputs(self.pool.reference, images))
         batch, seq = input_ids.shape
         reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab, features)
         return CaptureHandle(self._loop.submit(reply), self.device or input_ids.device)

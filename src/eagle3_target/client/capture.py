@@ -6,6 +6,7 @@ import concurrent.futures
 
 import torch
 
+from eagle3_target.protocol.contract import IMAGE_KEYS
 from eagle3_target.protocol.features import CAN_PACKING
 from eagle3_target.protocol.model_info import ModelInfo
 
@@ -24,6 +25,21 @@ class CaptureHandle(PendingHandle):
         """The checked reply by key, in the order Features.reply_keys names."""
         reply: Reply = self._pending.result(timeout)
         return {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
+
+
+def image_inputs(
+    reference: ModelInfo | None, images: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
+    """An image-text batch's image tensors for the body, as the processor made them (bf16 stays bf16), on
+    the CPU; only to a fleet whose targets take images (a text-only one answers 400 anyway)."""
+    if not images:
+        return {}
+    unknown = sorted(set(images) - set(IMAGE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown image inputs {unknown}; a batch's images are {', '.join(IMAGE_KEYS)}")
+    if reference is None or "image" not in (reference.modalities or ()):
+        raise ValueError("the target servers take text only: their /model_info lists no image modality")
+    return {k: images[k].detach().to("cpu") for k in IMAGE_KEYS if images.get(k) is not None}
 
 
 def check_packing(reference: ModelInfo | None) -> None:

@@ -30,8 +30,16 @@ from .target_spec import InvalidSpec, TargetSpec
 
 LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
 POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
+MANAGED = f"app.kubernetes.io/managed-by={builders.MANAGER}"
+# the once-per-target children, read from the operator's own watches instead of a GET each pass
+CHILD_KINDS = {
+    "Service": ("v1", "services"),
+    "ConfigMap": ("v1", "configmaps"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+}
 EXPECTATION_TTL = 60.0  # seconds to trust our own creates/deletes over a watch that has not shown them yet
-ANNOUNCED = ("InvalidSpec", "FailedCreate")  # Degraded reasons that also become a Warning Event
+ANNOUNCED = ("InvalidSpec", "FailedCreate")
+MOUNT_GRACE = 10.0  # seconds in ContainerCreating before a pod's FailedMount Events are read  # Degraded reasons that also become a Warning Event
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,24 @@ class Tracked:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     created: dict[str, tuple[PodState, float]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
+    mounts: dict[str, str] = field(default_factory=dict)  # pod -> its volume's FailedMount message
+
+    async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
+        """On full passes: what pods stuck creating their containers wait on, from their Events."""
+        stuck = [p for p in pods if p.creating_since is not None and now - p.creating_since >= MOUNT_GRACE]
+        self.mounts = {
+            p.name: message for p in stuck if (message := await children.mount_failure(p.name, namespace))
+        }
+
+    def with_mounts(self, pods: list[PodState]) -> list[PodState]:
+        def failing(p: PodState) -> PodState:
+            message = self.mounts[p.name].split(" : ", 1)[-1]  # drop "MountVolume.SetUp failed for ..."
+            return dataclasses.replace(p, failing_reason="FailedMount", failing_message=message)
+
+        return [
+            failing(p) if p.name in self.mounts and p.creating_since and not p.failing_reason else p
+            for p in pods
+        ]
 
     def observe(self, indexed: list[PodState], now: float) -> list[PodState]:
         seen = {p.name: p for p in indexed}
@@ -76,6 +102,9 @@ async def configure(
     memo: kopf.Memo,
     target_pods: kopf.Index,
     node_health: kopf.Index,
+    child_services: kopf.Index,
+    child_configmaps: kopf.Index,
+    child_budgets: kopf.Index,
     **_: Any,
 ) -> None:
     config = memo.setdefault("config", OperatorConfig())
@@ -84,7 +113,8 @@ async def configure(
     # startup (install the CRD first, as helm and the manifests do) and -n takes exact namespace names.
     settings.scanning.disabled = True
     # list and watch only the operator's pods, not every pod of the cluster
-    settings.watching.label_selectors["v1", "pods"] = f"app.kubernetes.io/managed-by={builders.MANAGER}"
+    for version, plural in [("v1", "pods"), *CHILD_KINDS.values()]:
+        settings.watching.label_selectors[version, plural] = MANAGED
     api = await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG"))
     # without scanning kopf would idle forever on a resource missing at startup: exit instead, so that the
     # Deployment's restarts pick the CRD up once it is installed
@@ -92,6 +122,11 @@ async def configure(
         raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD first")
     memo.children = Children(api)
     memo.node_index = node_health  # read by every reconcile, whichever handler runs it
+    memo.child_indexes = {
+        "Service": child_services,
+        "ConfigMap": child_configmaps,
+        "PodDisruptionBudget": child_budgets,
+    }
     memo.targets = {}
     memo.leader = (
         LeaseElector(api, config, config.lease_namespace or incluster.own_namespace(api.namespace))
@@ -123,6 +158,25 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 @kopf.index("pods", labels=POD_LABELS)
 def target_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[builders.TARGET_LABEL]): PodState.from_pod(dict(body))}
+
+
+def _child(namespace: str, name: str, body: kopf.Body) -> dict:
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("services", labels=POD_LABELS)
+def child_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return _child(namespace, name, body)
+
+
+@kopf.index("configmaps", labels=POD_LABELS)
+def child_configmaps(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return _child(namespace, name, body)
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=POD_LABELS)
+def child_budgets(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return _child(namespace, name, body)
 
 
 @kopf.index("nodes")
@@ -185,8 +239,8 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
         body = tracked.body
         meta, spec, previous = body["metadata"], body.get("spec") or {}, dict(body.get("status") or {})
         name, namespace = meta["name"], meta["namespace"]
-        if meta.get("deletionTimestamp") or await memo.children.namespace_terminating(namespace):
-            return  # the garbage collector or the namespace controller removes the children
+        if meta.get("deletionTimestamp"):
+            return  # the garbage collector removes the children
         if LEGACY_FINALIZER in (meta.get("finalizers") or []):
             await memo.children.drop_finalizer(name, namespace, meta["finalizers"], LEGACY_FINALIZER)
         now = time.time()
@@ -197,6 +251,8 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             target, problems = None, [str(e)]
 
         pods = tracked.observe(list(index.get((namespace, name), [])), now)
+        if full:
+            await tracked.read_mounts(pods, memo.children, namespace, now)
         lost = lost_pods(pods, _nodes(memo), now)
         rollout, image, create_errors = Rollout(_desired_replicas(spec, pods), ""), "", []
         if target is not None and not problems:
@@ -208,7 +264,7 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             rollout = Rollout(target.replicas, revision, surge, unavailable, target.partition)
             create_errors = await _apply(target, tracked, pods, rollout, image, memo, full, now, lost)
             pods = tracked.observe(list(index.get((namespace, name), [])), now)
-        pods = [p for p in pods if p.name not in lost]
+        pods = tracked.with_mounts([p for p in pods if p.name not in lost])
 
         observed = Observed(
             rollout=rollout,
@@ -252,20 +308,39 @@ def _drains_blocked(target: TargetSpec | None) -> str:
     )
 
 
+def _seen(memo: kopf.Memo, kind: str, namespace: str, name: str) -> dict | None:
+    found = memo.child_indexes[kind].get((namespace, name))
+    return next(iter(found)) if found else None
+
+
 async def _children(target, body: dict, memo: kopf.Memo) -> None:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     for child in builders.children(target, name, namespace, memo.config.cluster_domain):
         kopf.append_owner_reference(child, owner=body)
-        if await memo.children.ensure(child) != "unchanged":
+        seen = _seen(memo, child["kind"], namespace, child["metadata"]["name"])
+        if await memo.children.ensure(child, seen) != "unchanged":
             log.info("%s/%s: %s %s", namespace, name, child["kind"], child["metadata"]["name"])
-    if not target.disruption.enabled and await memo.children.remove("PodDisruptionBudget", name, namespace):
+    budget = _seen(memo, "PodDisruptionBudget", namespace, name)
+    if not target.disruption.enabled and budget is not None:
+        await memo.children.remove("PodDisruptionBudget", name, namespace)
         log.info("%s/%s: PodDisruptionBudget removed (spec.disruption.enabled is false)", namespace, name)
+
+
+def _creates(target, body: dict, memo: kopf.Memo, step) -> bool:
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    children = builders.children(target, name, namespace, memo.config.cluster_domain)
+    return bool(step.create) or any(
+        _seen(memo, c["kind"], namespace, c["metadata"]["name"]) is None for c in children
+    )
 
 
 async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -> list[str]:
     """Children, then this pass's pod deletions and creations; returns the creations the API refused."""
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace, lost)
+    if _creates(target, body, memo, step) and await memo.children.namespace_terminating(namespace):
+        return []  # the API server refuses creations there; the namespace controller removes the rest
     if full:
         await _children(target, body, memo)
     for pod_name in sorted(lost):
@@ -274,7 +349,6 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
         if await memo.children.delete_pod(pod_name, namespace, force=True):
             message = f"pod {pod_name} outlived its toleration on a node that stopped reporting: deleted"
             await memo.children.post_event(body, "Warning", "NodeLost", message)
-    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace, lost)
     for pod_name in step.delete:
         if await memo.children.delete_pod(pod_name, namespace):
             tracked.deleted[pod_name] = now

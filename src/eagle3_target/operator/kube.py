@@ -43,30 +43,26 @@ class Children:
     def _object(self, body: dict):
         return KINDS[body["kind"]](body, api=self.api)
 
-    async def ensure(self, body: dict) -> str:
-        """Create the object, or patch it back to `body` where it drifted; returns what was done."""
-        current = self._object({"kind": body["kind"], "metadata": dict(body["metadata"])})
-        try:
-            await current.refresh()
-        except kr8s.NotFoundError:
+    async def ensure(self, body: dict, seen: dict | None) -> str:
+        """Create the object, or patch it back to `body` where it drifted from `seen` (the object as the
+        operator's watch last saw it, None if absent: no read of its own); returns what was done."""
+        if seen is None:
             try:
                 await self._object(body).create()
             except kr8s.ServerError as e:
                 if _status_code(e) != 409:  # 409: created meanwhile, e.g. by a concurrent reconcile
                     raise
             return "created"
-        if is_subset(body, current.raw):
+        if is_subset(body, seen):
             return "unchanged"
+        current = self._object({"kind": body["kind"], "metadata": dict(body["metadata"])})
         patch = switch_bound(body) if body["kind"] == "PodDisruptionBudget" else body
         await current.patch({k: v for k, v in patch.items() if k not in ("apiVersion", "kind")})
         return "patched"
 
     async def remove(self, kind: str, name: str, namespace: str) -> bool:
-        """Delete the object if it is there (read first: a quiet pass costs no write)."""
-        current = self._object({"kind": kind, "metadata": {"name": name, "namespace": namespace}})
         try:
-            await current.refresh()
-            await current.delete()
+            await self._object({"kind": kind, "metadata": {"name": name, "namespace": namespace}}).delete()
         except kr8s.NotFoundError:
             return False
         return True
@@ -90,6 +86,14 @@ class Children:
         except kr8s.NotFoundError:
             return False
         return True
+
+    async def mount_failure(self, pod: str, namespace: str) -> str | None:
+        """The kubelet's last FailedMount message for `pod` ('MountVolume.SetUp failed for volume "x" : secret
+        "y" not found'), or None: a missing Secret or ConfigMap shows nowhere else."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod},reason=FailedMount"
+        events = [e async for e in self.api.get("events", namespace=namespace, field_selector=selector)]
+        events.sort(key=lambda e: e.raw.get("lastTimestamp") or e.raw.get("eventTime") or "")
+        return events[-1].raw.get("message") if events else None
 
     async def namespace_terminating(self, namespace: str) -> bool:
         """Whether `namespace` is being deleted: the API server refuses anything created in it (403). A

@@ -18,6 +18,7 @@ FAILING_REASONS = {
     "CreateContainerError",
     "InvalidImageName",
     "Unschedulable",
+    "FailedMount",  # a Secret, ConfigMap or claim a volume names is missing (from the pod's Events)
 }
 
 
@@ -25,6 +26,12 @@ def parse_time(value: str | None) -> float | None:
     if not value:
         return None
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _creating_since(waiting: list[dict], scheduled: dict) -> float | None:
+    if any(w.get("reason") == "ContainerCreating" for w in waiting) and scheduled.get("status") == "True":
+        return parse_time(scheduled.get("lastTransitionTime"))
+    return None
 
 
 def _failure_tolerations(tolerations: list[dict]) -> tuple[tuple[str, float | None], ...]:
@@ -53,6 +60,7 @@ class PodState:
     node: str | None = None
     # seconds the pod tolerates each NoExecute node-failure taint; None: forever
     node_tolerations: tuple[tuple[str, float | None], ...] = ()
+    creating_since: float | None = None  # scheduled, containers not yet created (volumes mount first)
 
     @classmethod
     def from_pod(cls, body: dict[str, Any]) -> PodState:
@@ -83,6 +91,7 @@ class PodState:
             deadline=parse_time(meta.get("deletionTimestamp")),
             node=spec.get("nodeName"),
             node_tolerations=_failure_tolerations(spec.get("tolerations") or []),
+            creating_since=_creating_since(waiting, scheduled),
         )
 
     @property

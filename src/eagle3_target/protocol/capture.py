@@ -10,7 +10,15 @@ from __future__ import annotations
 import torch
 
 from .encodings import Expected
-from .features import KEY_FINAL, KEY_HIDDEN, KEY_LOGITS, LOGITS_DRAFT_PROBS, LOGITS_FULL, Features
+from .features import (
+    KEY_FINAL,
+    KEY_HIDDEN,
+    KEY_IMAGE_MASK,
+    KEY_LOGITS,
+    LOGITS_DRAFT_PROBS,
+    LOGITS_FULL,
+    Features,
+)
 from .supervision import VocabMapping, build_supervision, shift_left
 
 
@@ -36,6 +44,8 @@ def expected(
         want["position_mask"] = (torch.bool, (batch, seq, 1))
         want["input_ids"] = (torch.int64, (batch, seq))
         want["loss_mask"] = (torch.int64, (batch, seq))
+    if features.image_mask:
+        want[KEY_IMAGE_MASK] = (torch.bool, (batch, seq))
     return want
 
 
@@ -63,3 +73,9 @@ def reply(
         del supervision["aux_hidden_states"]
         out.update(supervision)
     return out
+
+
+def image_mask(input_ids: torch.Tensor, image_token_id: int, shift: bool) -> torch.Tensor:
+    """ViSpec's image mask [B, S] bool: where input_ids hold the image placeholder, shifted left if asked."""
+    mask = input_ids == image_token_id
+    return shift_left(mask) if shift else mask

@@ -44,6 +44,10 @@ VOCAB_KEYS = ("selected_token_ids", "selected_token_mask")
 # /model_info offers "packing": position_ids [B, S] (per document) and seq_lens [B, D] (document lengths,
 # 0-padded, each row summing to S). NeMo's doc_remaining only gates the trainer's loss: it stays there.
 PACKING_KEYS = ("position_ids", "seq_lens")
+# Our extension: an image-text target's image inputs as its processor made them, on a feature request to a
+# server whose /model_info lists the "image" modality: pixel_values [patches, patch_dim] (any float dtype,
+# sent as made), image_grid_thw int64 [images, 3], and optionally mm_token_type_ids [B, S].
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
 
 # Our extension: a /generate's request id, and in the reply that id and the digest of the request body
 # (see protocol/binding.py). Sent only by our client; a stock NeMo client sees no change.

@@ -25,6 +25,7 @@ CAN_EMBEDDING = "embedding_output"  # layer -1
 CAN_FINAL_HIDDEN = "final_hidden"  # the post-norm last hidden state
 CAN_LOGITS = "logits"  # full-vocabulary logits, unshifted or shifted
 CAN_DRAFT_PROBS = "draft_probs"  # EAGLE-3's target_probs over the session's draft vocabulary
+CAN_IMAGE_MASK = "image_mask"  # input_ids == the image token id, from an image-text target
 CAN_PACKING = "packing"  # NeMo's packing metadata (position_ids, seq_lens) in the body [i32-pack]
 
 # Weights a trainer fetches once (POST /weights/<name>): [V, H], [V, H], [H].
@@ -32,7 +33,7 @@ WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, WEIGHT_FINAL_NORM = "input_embeddings",
 WEIGHT_NAMES = (WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, WEIGHT_FINAL_NORM)
 
 # Reply keys, in send order.
-KEY_HIDDEN, KEY_FINAL, KEY_LOGITS = "hidden_states", "final_hidden", "logits"
+KEY_HIDDEN, KEY_FINAL, KEY_LOGITS, KEY_IMAGE_MASK = "hidden_states", "final_hidden", "logits", "image_mask"
 MAX_LAYERS = 256
 MAX_HEADER_CHARS = 4096
 
@@ -58,7 +59,9 @@ class Features:
     logits: "none"; "full" ([B, S, V] as "logits", the target's dtype); "draft_probs" (EAGLE-3's
         target_probs, position_mask, input_ids and loss_mask over the session's draft vocabulary).
     shift: EAGLE-3's left shift with a zero last row, applied to the logits ("draft_probs" are always
-        shifted, so it must be set there). Layers and final_hidden are never shifted: a trainer that
+        shifted, so it must be set there) and the image mask.
+    image_mask: an image-text target's ``input_ids == image_token_id`` as "image_mask" [B, S] bool
+        (ViSpec's); left out of the header when false, so requests without it read as before. Layers and final_hidden are never shifted: a trainer that
         needs them shifted shifts them itself (a copy, exact).
     """
 
@@ -66,6 +69,7 @@ class Features:
     final_hidden: bool = False
     logits: str = LOGITS_NONE
     shift: bool = False
+    image_mask: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -86,15 +90,15 @@ class Features:
                 "layer_out_of_range",
                 f"layer ids are -1 (the embeddings) or above, got {list(self.layers)}",
             )
-        if not isinstance(self.final_hidden, bool) or not isinstance(self.shift, bool):
-            return "bad_features", "final_hidden and shift are true or false"
+        if not all(isinstance(v, bool) for v in (self.final_hidden, self.shift, self.image_mask)):
+            return "bad_features", "final_hidden, shift and image_mask are true or false"
         if self.logits not in LOGITS_CHOICES:
             return "bad_features", f"logits is one of {', '.join(LOGITS_CHOICES)}, got {self.logits!r:.50}"
         if self.logits == LOGITS_DRAFT_PROBS and not self.shift:
             return "bad_features", "draft_probs are EAGLE-3's shifted supervision: set shift"
-        if self.shift and self.logits == LOGITS_NONE:
-            return "bad_features", "shift applies to logits: ask for logits or drop shift"
-        if not (self.layers or self.final_hidden or self.logits != LOGITS_NONE):
+        if self.shift and self.logits == LOGITS_NONE and not self.image_mask:
+            return "bad_features", "shift applies to logits and the image mask: ask for one or drop shift"
+        if not (self.layers or self.final_hidden or self.logits != LOGITS_NONE or self.image_mask):
             return "bad_features", "the request asks for nothing: name layers, final_hidden or logits"
         return None
 
@@ -104,6 +108,8 @@ class Features:
         """Compact JSON, keys in field order: the same request always reads the same."""
         doc = asdict(self)
         doc["layers"] = list(self.layers)
+        if not self.image_mask:
+            del doc["image_mask"]
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -117,7 +123,7 @@ class Features:
             raise FeatureError("bad_features", f"the features header is not JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise FeatureError("bad_features", "the features header is a JSON object")
-        unknown = sorted(set(doc) - {"layers", "final_hidden", "logits", "shift"})
+        unknown = sorted(set(doc) - {"layers", "final_hidden", "logits", "shift", "image_mask"})
         if unknown:
             raise FeatureError("bad_features", f"unknown feature fields {unknown}")
         if not isinstance(doc.get("layers", []), list):
@@ -139,6 +145,8 @@ class Features:
             needs.append(CAN_LOGITS)
         if self.logits == LOGITS_DRAFT_PROBS:
             needs.append(CAN_DRAFT_PROBS)
+        if self.image_mask:
+            needs.append(CAN_IMAGE_MASK)
         return tuple(needs)
 
     def check(
@@ -169,4 +177,4 @@ class Features:
             keys.append(KEY_LOGITS)
         elif self.logits == LOGITS_DRAFT_PROBS:
             keys += ["target_probs", "position_mask", "input_ids", "loss_mask"]
-        return tuple(keys)
+        return tuple(keys) + ((KEY_IMAGE_MASK,) if self.image_mask else ())

@@ -67,6 +67,8 @@ class ModelInfo:
     encodings: tuple[str, ...] | None = None  # None: a server from before encodings (sends "nemo")
     features: tuple[str, ...] | None = None  # what /generate can capture (features.py CAN_*); None: nothing
     weights: tuple[str, ...] | None = None  # what /weights/<name> hands out (features.py WEIGHT_NAMES)
+    # what the target takes besides text ("image"); None: text only, as every stock server
+    modalities: tuple[str, ...] | None = None
     nccl_port: int | None = None  # NeMo's p2p rendezvous port, where the server fixes one
     p2p: Mapping[str, Any] = field(default_factory=dict)  # the server's p2p offer: {"backend": ..., ...}
     request_binding: str | None = None  # "sha256": /generate replies echo our request id (binding.py)
@@ -94,7 +96,7 @@ class ModelInfo:
             values["aux_layer_ids"] = tuple(_int(i, "aux_layer_ids") for i in values["aux_layer_ids"])
             if "nccl_port" in values:
                 values["nccl_port"] = _int(values["nccl_port"], "nccl_port")
-            for name in ("encodings", "features", "weights"):
+            for name in ("encodings", "features", "weights", "modalities"):
                 if name in values:
                     if not isinstance(values[name], list):
                         raise ModelInfoError(f"/model_info {name} is not a list: {values[name]!r:.100}")

@@ -19,6 +19,7 @@ from .options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IMAGE_TOKENS,
     DEFAULT_MAX_QUEUED_PER_SESSION,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PRIORITY,
@@ -147,6 +148,13 @@ def _limit_arguments(g) -> None:
         f"(default {DEFAULT_MAX_BATCH_TOKENS})",
     )
     g.add_argument(
+        "--max-image-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_IMAGE_TOKENS,
+        help="a feature request whose images take more image tokens than this gets 413 "
+        f"(default {DEFAULT_MAX_IMAGE_TOKENS})",
+    )
+    g.add_argument(
         "--max-sessions",
         type=int,
         default=DEFAULT_MAX_SESSIONS,
@@ -250,6 +258,9 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be known wrong before the load; raises UsageError."""
     from . import preflight
 
+    if args.engine in preflight.ENGINE_PACKAGES:  # an image-text model: refused before the engine's import
+        preflight.check_model(args.model)
+        preflight.refuse_image_text(args.engine, args.model, args.trust_remote_code)
     preflight.check_engine(args.engine)
     preflight.check_device(args.device)
     layout = ParallelLayout.from_args(args)

@@ -10,14 +10,21 @@ import torch
 
 from eagle3_target.protocol import capture as reply
 from eagle3_target.protocol.choices import NEMO
-from eagle3_target.protocol.features import FeatureError, Features
+from eagle3_target.protocol.contract import IMAGE_KEYS
+from eagle3_target.protocol.features import KEY_IMAGE_MASK, FeatureError, Features
 from eagle3_target.protocol.supervision import VocabMapping
 
 from .errors import InvalidInput, OutOfRange
 from .runners import RunnerInfo, TargetRunner
 from .runners.base import Capture, ForwardInputs
 
-FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "seq_lens")  # ForwardInputs' fields
+FORWARD_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "seq_lens",
+    *IMAGE_KEYS,
+)  # ForwardInputs' fields
 
 
 def requested(info: RunnerInfo, header: str | None, encoding: str, p2p: bool) -> Features | None:
@@ -62,6 +69,9 @@ def capture(
         out = reply.reply(
             features, got.hidden_states, got.final_hidden, got.logits, forward.input_ids, loss_mask, vocab
         )
+        if features.image_mask:  # requested() admits it only from a runner with an image spec
+            token_id = runner.info.image_spec.token_id
+            out[KEY_IMAGE_MASK] = reply.image_mask(forward.input_ids, token_id, features.shift)
         if cuda:  # on the stream it ran on (the copy's side stream after the turn)
             torch.cuda.current_stream(device).synchronize()
         timings["projection"] = time.perf_counter() - start

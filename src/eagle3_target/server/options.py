@@ -18,6 +18,8 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 # B x S per /generate: the embedded model's CPU forward at 8192 tokens peaks near 0.5 GB and a few
 # seconds (attention is quadratic in S); a GPU target with memory to spare raises it.
 DEFAULT_MAX_BATCH_TOKENS = 8192
+# Image tokens (placeholders in input_ids) one /generate may carry: 16 images of 448x448 on Qwen2.5-VL
+DEFAULT_MAX_IMAGE_TOKENS = 4096
 DEFAULT_MAX_SESSIONS = 1024
 # /generate requests one session may have waiting for the model; more get 429 + Retry-After.
 DEFAULT_MAX_QUEUED_PER_SESSION = 32
@@ -35,6 +37,7 @@ class UsageError(Exception):
 class ServerOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS
     session_ttl: float = 3600.0  # 0: sessions never expire
     max_sessions: int = DEFAULT_MAX_SESSIONS
     max_queued_per_session: int = DEFAULT_MAX_QUEUED_PER_SESSION
@@ -64,6 +67,7 @@ class ServerOptions:
         return cls(
             max_body_bytes=args.max_body_bytes,
             max_batch_tokens=args.max_batch_tokens,
+            max_image_tokens=args.max_image_tokens,
             session_ttl=args.session_ttl,
             max_sessions=args.max_sessions,
             max_queued_per_session=args.max_queued_per_session,

@@ -22,6 +22,7 @@ from eagle3_target.protocol.supervision import VocabMapping
 
 from . import features
 from .host_copy import HostCopier, PendingCopy
+from .images import check_images
 from .metrics import ServerMetrics
 from .model_host import ModelHost, offered
 from .options import DEFAULT_PRIORITY, ServerOptions
@@ -112,6 +113,7 @@ class GeneratePipeline:
         )
         wanted = features.requested(runner.info, request.features, request.encoding, request.p2p)
         encoding = offered(runner, request.encoding)
+        check_images(inputs, runner.info, wanted is not None, self.options.max_image_tokens)
         packing_offered(inputs, CAN_PACKING in runner.info.features, runner.info.engine)
         vocab = session.mapping() if wanted is None or wanted.logits == LOGITS_DRAFT_PROBS else None
         job = _Job(runner, inputs, vocab, encoding, session.id, priority, features=wanted)

@@ -27,6 +27,23 @@ def check_engine(engine: str) -> None:
         )
 
 
+def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool) -> None:
+    """Only the hf engine loads image-text checkpoints: any other refuses one from its config alone."""
+    if engine == "hf" or model is None:
+        return
+    from .runners.hf_vlm import is_image_text, read_config
+
+    try:
+        config = read_config(model, trust_remote_code)
+    except (OSError, ValueError):
+        return  # num_hidden_layers() names the unreadable config
+    if is_image_text(config):
+        raise UsageError(
+            f"--model {model} is an image-text model ({config.model_type}); "
+            f"--engine {engine} serves text-only targets: use --engine hf"
+        )
+
+
 def check_device(device: str) -> None:
     import torch
 
@@ -129,14 +146,16 @@ def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
             "(tensor x pipeline parallel size): every node runs the same number of ranks"
         )
     if config is not None:
-        _check_config(layout, config)
+        _check_config(engine, layout, config)
 
 
-def _check_config(layout: ParallelLayout, config) -> None:
+def _check_config(engine: str, layout: ParallelLayout, config) -> None:
     tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads and tp > 1 and (heads % tp or kv_heads % tp):
+    # vLLM copies each KV head to tp / kv_heads ranks when there are fewer KV heads than ranks
+    replicated = engine == "vllm" and tp % kv_heads == 0
+    if heads and tp > 1 and (heads % tp or (kv_heads % tp and not replicated)):
         raise UsageError(
             f"--tensor-parallel-size {tp} must divide both the model's {heads} attention heads and its "
             f"{kv_heads} key-value heads"

@@ -20,7 +20,7 @@ async def until_unhealthy(server, poll_every: float = POLL_EVERY, linger: float 
     A runner without ``healthy`` is always healthy."""
     while True:
         await asyncio.sleep(poll_every)
-        healthy = getattr(server.service.model.runner, "healthy", None)  # None while loading
+        healthy = getattr(server.service.model.runner, "healthy", None)
         if healthy is not None and not healthy():
             break
     log.error("a rank of this replica is gone: answering 503 for %.0fs, then exiting", linger)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from .parallel import ParallelLayout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("eagle3_target.server.ranks")  # the same name when run as __main__
 
 BEAT_EVERY = 1.0  # seconds between a rank's heartbeats
 STALE_AFTER = 10.0  # rank 0 calls a rank dead when its heartbeat has not moved for this long
@@ -135,6 +135,8 @@ def _start(spec: RankSpec) -> subprocess.Popen:
 def _join(spec: RankSpec, children, store, device: str) -> RankGroup:
     os.environ["LOCAL_RANK"] = str(spec.local_rank)  # transformers binds a rank's GPU by it
     store = store or _client(spec, JOIN_TIMEOUT)
+    store.add("joined", 1)
+    wait_for_ranks(store, spec.world_size, JOIN_TIMEOUT.total_seconds())
     group = RankGroup(spec, children, store)
     if spec.rank:
         group.watch()  # beats from the start: rank 0 counts them once the group is whole
@@ -154,6 +156,23 @@ def _join(spec: RankSpec, children, store, device: str) -> RankGroup:
         group.watch()
     log.info("rank %d of %d joined", spec.rank, spec.world_size)
     return group
+
+
+def wait_for_ranks(store: dist.TCPStore, world_size: int, timeout: float, say_every: float = 30.0) -> None:
+    """Until every rank has joined, saying who is missing; a replica whose other nodes never start fails
+    after ``timeout`` seconds with the reason instead of waiting as long as the group's collectives may."""
+    start = said = time.monotonic()
+    while (joined := store.add("joined", 0)) < world_size:
+        waited = time.monotonic() - start
+        if waited > timeout:
+            raise RuntimeError(
+                f"only {joined} of the replica's {world_size} ranks joined in {timeout:.0f}s: start every "
+                "node's `serve` with the same --nnodes, --master-addr and --master-port"
+            )
+        if time.monotonic() - said > say_every:
+            log.info("%d of %d ranks joined; waiting for the others (%.0fs)", joined, world_size, waited)
+            said = time.monotonic()
+        time.sleep(0.2)
 
 
 def rank_device(device: str, local_rank: int) -> str:

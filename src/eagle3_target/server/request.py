@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eagle3_target.protocol import wire
-from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS, PACKING_KEYS, VOCAB_KEYS
+from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS, IMAGE_KEYS, PACKING_KEYS, VOCAB_KEYS
 from eagle3_target.protocol.supervision import VocabMapping
 
 from .errors import InvalidInput, OutOfRange, TooLarge
@@ -36,9 +36,10 @@ def _expect_dtype(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
 def parse_generate(body: bytearray, vocab_size: int, max_tokens: int) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask, loss_mask: int64 [B, S], same shape, B x S <= max_tokens, ids in [0, vocab);
     and, for packed rows, position_ids and seq_lens (check_packing)."""
-    tensors = _decode(body, GENERATE_INPUT_KEYS, PACKING_KEYS)
+    tensors = _decode(body, GENERATE_INPUT_KEYS, PACKING_KEYS + IMAGE_KEYS)
     for name, tensor in tensors.items():
-        _expect_dtype(name, tensor, torch.int64)
+        if name not in IMAGE_KEYS:  # images.py checks those against the target's image processor
+            _expect_dtype(name, tensor, torch.int64)
     shape = tensors["input_ids"].shape
     if len(shape) != 2 or 0 in shape:
         raise InvalidInput("bad_shape", f"input_ids must be a non-empty [B, S] matrix, got {list(shape)}")

@@ -14,15 +14,18 @@
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, create, delete]
+# the operator's own children, read from its watches (its labels select them), created and repaired
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [get, create, patch]
+  verbs: [list, watch, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
+# list: a pod stuck creating its containers waits on a volume whose Secret, ConfigMap or claim is missing,
+# which only its FailedMount Events say
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 # whether a target's namespace is being deleted (nothing can be created there); a Role in a watched namespace
 # grants get on that namespace itself
 - apiGroups: [""]

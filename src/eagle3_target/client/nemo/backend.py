@@ -13,6 +13,7 @@ from ..backend import RemoteTargetBackend, TargetBatch
 from ..handles import MappedHandle
 from ..options import PoolOptions
 from ._imports import nemo_module
+from .interface import BatchInputs, NeMoTarget
 from .ranks import fetched_once
 
 Eagle3TargetBackend = nemo_module("components.speculative.eagle.backend").Eagle3TargetBackend
@@ -42,7 +43,7 @@ def to_nemo_batch(batch: TargetBatch) -> Eagle3TargetBatch:
     return Eagle3TargetBatch(**batch.as_dict())
 
 
-class NeMoTargetBackend(Eagle3TargetBackend):
+class NeMoTargetBackend(NeMoTarget, Eagle3TargetBackend):
     """A drop-in for NeMo's RemoteEagle3TargetModel with discovery, failover, sessions and auth underneath.
 
     ``endpoints``: a spec or list of specs, as RemoteTargetBackend takes (default: $EAGLE3_TARGET_SERVICE).
@@ -78,10 +79,6 @@ class NeMoTargetBackend(Eagle3TargetBackend):
     def model_info(self) -> dict[str, Any]:
         return self.remote.model_info()
 
-    @property
-    def supports_async(self) -> bool:
-        return True
-
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         self.remote.set_vocab_mapping(selected_token_ids, selected_token_mask)
 
@@ -94,33 +91,19 @@ class NeMoTargetBackend(Eagle3TargetBackend):
             self._embeddings = torch.nn.Embedding.from_pretrained(weight.to(device), freeze=True)
         return self._embeddings
 
-    @torch.no_grad()
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> Eagle3TargetBatch:
-        """NeMo's call; packed rows add position_ids, seq_lens and doc_remaining, as NeMo's co-located
-        target takes them."""
-        packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
-        return self.generate_batch_async(input_ids, attention_mask, loss_mask, **packing).result()
+    def batch(self, inputs: BatchInputs) -> Eagle3TargetBatch:
+        """NeMo's generate_batch (interface.py): its async twin, waited for."""
+        packing = dict(inputs.packing, doc_remaining=inputs.doc_remaining)
+        return self.generate_batch_async(
+            inputs.input_ids, inputs.attention_mask, inputs.loss_mask, **packing
+        ).result()
 
     def generate_batch_async(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, **packing
     ) -> MappedHandle:
-        """The handle NeMo's prefetch loop expects: ``result()`` gives an Eagle3TargetBatch."""
-        packing = dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining)
-        if seq_lens is None and self._noted is not None and self._noted[0] is input_ids:
+        """The handle NeMo's prefetch loop expects: ``result()`` gives an Eagle3TargetBatch. NeMo's loop passes
+        only the first three; a packed batch's metadata comes from ``noting_packing``."""
+        if packing.get("seq_lens") is None and self._noted is not None and self._noted[0] is input_ids:
             packing = self._noted[1]
         return MappedHandle(
             self.remote.generate_batch_async(input_ids, attention_mask, loss_mask, **packing), to_nemo_batch

@@ -9,8 +9,6 @@ for the recipe, plus the ``remote_target:`` section (remote.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import AutoConfig
 
@@ -18,6 +16,7 @@ from ._imports import nemo_module
 from .family import FleetFamily
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
+from .interface import BatchInputs
 
 _target = nemo_module("components.speculative.dflash.target")
 _dist_utils = nemo_module("recipes._dist_utils")
@@ -52,17 +51,17 @@ class RemoteDFlashTarget(FleetTarget):
         model.embed_tokens, model.lm_head = self.get_input_embeddings(), self.get_output_embeddings()
         model.requires_grad_(False)
 
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
         return _target.DFlashTargetBatch(
             hidden_states=captured["hidden_states"],
-            input_ids=inputs["input_ids"],
-            attention_mask=inputs["attention_mask"],
-            loss_mask=inputs["loss_mask"],
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            loss_mask=inputs.loss_mask,
             # what the target's forward does after its final norm: with compact, the same product, here
             logits=self.logits(captured) if self.compact or "logits" in captured else None,
-            position_ids=inputs["position_ids"],
-            seq_lens=inputs["seq_lens"],
-            doc_remaining=inputs["doc_remaining"],
+            position_ids=inputs.position_ids,
+            seq_lens=inputs.seq_lens,
+            doc_remaining=inputs.doc_remaining,
         )
 
 

@@ -13,8 +13,6 @@ YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import AutoConfig
 
@@ -23,6 +21,7 @@ from .captures import dspark_context
 from .family import FleetFamily, OfflineCache
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
+from .interface import BatchInputs
 from .takeover import fleet_target
 
 _dspark = nemo_module("recipes.llm.train_dspark")
@@ -39,15 +38,15 @@ BUILDER_MODEL_TYPES = frozenset(
 class RemoteDSparkTarget(FleetTarget):
     """Duck-typed as NeMo's HFDSparkTargetModel."""
 
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
         return _target.DSparkTargetBatch(
             target_hidden_states=dspark_context(captured, self.target_layer_ids, self.num_layers),
             target_last_hidden_states=captured["final_hidden"],
-            input_ids=inputs["input_ids"],
-            loss_mask=inputs["loss_mask"],
-            position_ids=inputs.get("position_ids"),
-            seq_lens=inputs.get("seq_lens"),
-            doc_remaining=inputs.get("doc_remaining"),
+            input_ids=inputs.input_ids,
+            loss_mask=inputs.loss_mask,
+            position_ids=inputs.position_ids,
+            seq_lens=inputs.seq_lens,
+            doc_remaining=inputs.doc_remaining,
         )
 
 

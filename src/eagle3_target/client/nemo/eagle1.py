@@ -11,8 +11,6 @@ YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ._imports import nemo_module
@@ -20,6 +18,7 @@ from .captures import shift_left
 from .family import FleetFamily
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
+from .interface import BatchInputs
 from .takeover import fleet_target
 
 _eagle1 = nemo_module("recipes.llm.train_eagle1")
@@ -30,7 +29,7 @@ _target = nemo_module("components.speculative.eagle.target_v12")
 class RemoteEagleTarget(FleetTarget):
     """Duck-typed as NeMo's HFEagleTargetModel."""
 
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
         hidden = captured["final_hidden"]
         # the fleet shifts the logits it sends; the compact request's are computed here, then shifted
         logits = shift_left(self.logits(captured)) if self.compact else captured["logits"]
@@ -38,12 +37,12 @@ class RemoteEagleTarget(FleetTarget):
             input_hidden_states=hidden,
             target_hidden_states=shift_left(hidden),
             target_logits=logits,
-            input_ids=shift_left(inputs["input_ids"]),
-            attention_mask=inputs["attention_mask"],
-            loss_mask=shift_left(inputs["loss_mask"]),
-            position_ids=inputs.get("position_ids"),
-            seq_lens=inputs.get("seq_lens"),
-            doc_remaining=inputs.get("doc_remaining"),
+            input_ids=shift_left(inputs.input_ids),
+            attention_mask=inputs.attention_mask,
+            loss_mask=shift_left(inputs.loss_mask),
+            position_ids=inputs.position_ids,
+            seq_lens=inputs.seq_lens,
+            doc_remaining=inputs.doc_remaining,
         )
 
 

@@ -20,7 +20,8 @@ from eagle3_target.protocol.features import KEY_FINAL, WEIGHT_INPUT_EMBEDDINGS, 
 from ..backend import RemoteTargetBackend
 from ..handles import MappedHandle
 from .backend import split_options
-from .prefetch import PrefetchedBatches, packing
+from .interface import BatchInputs, NeMoTarget
+from .prefetch import PrefetchedBatches, image_inputs
 from .ranks import fetched_weights
 from .remote import RemoteTargetSettings
 
@@ -74,12 +75,12 @@ def open_backend(
         raise
 
 
-class FleetTarget:
+class FleetTarget(NeMoTarget):
     """NeMo's target-wrapper surface over RemoteTargetBackend's feature capture.
 
     A family subclass builds NeMo's batch from the captured tensors and the batch's inputs (``to_batch``).
-    ``generate_batch`` takes replies that a PrefetchingLoader asked for ahead (prefetch.py), in the loop's
-    order; ``generate_batch_async`` is for NeMo's own EAGLE-3 prefetch loop.
+    ``generate_batch`` (interface.py) takes replies that a PrefetchingLoader asked for ahead (prefetch.py),
+    in the loop's order; ``generate_batch_async`` is for NeMo's own EAGLE-3 prefetch loop.
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class FleetTarget:
         self._weights = weights  # open_backend's, fetched at setup on every rank alike
         self._modules: dict[str, torch.nn.Module] = {}
 
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
         raise NotImplementedError(f"{type(self).__name__} builds no batch")
 
     # -- weights, fetched once per job onto the trainer's device at setup ----------------------
@@ -138,26 +139,20 @@ class FleetTarget:
 
     # -- batches --------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-        **media: torch.Tensor,
-    ):
-        """NeMo's call; packed rows add position_ids, seq_lens and doc_remaining, as NeMo's co-located
-        target takes them, and DSpark's multimodal batches their media keys (all reach ``to_batch``)."""
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
-        inputs |= dict(position_ids=position_ids, seq_lens=seq_lens, doc_remaining=doc_remaining, **media)
-        captured = self.prefetched.take(input_ids, attention_mask, loss_mask, **packing(inputs))
+    def batch(self, inputs: BatchInputs):
+        """The reply a PrefetchingLoader asked for ahead (or, out of the loader's order, asked now)."""
+        captured = self.prefetched.take(
+            inputs.input_ids,
+            inputs.attention_mask,
+            inputs.loss_mask,
+            **inputs.packing,
+            images=image_inputs(inputs.media),
+        )
         return self.to_batch(self._on_device(captured), inputs)
 
     def generate_batch_async(self, input_ids, attention_mask, loss_mask) -> MappedHandle:
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+        """For NeMo's EAGLE-3 prefetch loop (P-EAGLE), which passes these three only."""
+        inputs = BatchInputs(input_ids, attention_mask, loss_mask)
         handle = self.backend.capture_async(input_ids, attention_mask, loss_mask)
         return MappedHandle(handle, lambda captured: self.to_batch(self._on_device(captured), inputs))
 
@@ -165,10 +160,6 @@ class FleetTarget:
         return {k: v.to(self.device, non_blocking=True) for k, v in captured.items()}
 
     # -- the rest of NeMo's backend surface ---------------------------------------------------
-
-    @property
-    def supports_async(self) -> bool:
-        return True
 
     @property
     def num_remote_servers(self) -> int:

@@ -12,14 +12,13 @@ in the hook where NeMo loads its co-located target.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ._imports import nemo_module
 from .captures import shift_left
 from .family import FleetFamily
 from .fleet_target import FleetTarget
+from .interface import BatchInputs
 
 _target = nemo_module("components.speculative.eagle.target")
 
@@ -27,15 +26,15 @@ _target = nemo_module("components.speculative.eagle.target")
 class RemotePEagleTarget(FleetTarget):
     """Duck-typed as NeMo's HFEagle3TargetModel: an Eagle3TargetBatch with full-vocabulary ``logits``."""
 
-    def to_batch(self, captured: dict[str, torch.Tensor], inputs: dict[str, Any]):
+    def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
         # the fleet shifts the logits it sends; the compact request's are computed here, then shifted
         logits = shift_left(self.logits(captured)) if self.compact else captured["logits"]
         return _target.Eagle3TargetBatch(
             aux_hidden_states=captured["hidden_states"],
             logits=logits,
-            input_ids=shift_left(inputs["input_ids"]),
-            attention_mask=inputs["attention_mask"],
-            loss_mask=shift_left(inputs["loss_mask"]),
+            input_ids=shift_left(inputs.input_ids),
+            attention_mask=inputs.attention_mask,
+            loss_mask=shift_left(inputs.loss_mask),
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from eagle3_target.protocol.contract import IMAGE_KEYS
 from eagle3_target.protocol.encodings import EXACT_ENCODINGS
 from eagle3_target.protocol.features import (
     CAN_DRAFT_PROBS,
@@ -58,6 +59,10 @@ class RunnerInfo:
     weights: tuple[str, ...] = ()
     # How the replica is split (ParallelLayout.describe()); {} on one device
     parallel: dict[str, int] = field(default_factory=dict)
+    # Inputs besides text the target takes ("image"); empty for a text-only target
+    modalities: tuple[str, ...] = ()
+    # What image inputs must look like (hf_vlm.ImageSpec); None: the target takes no images
+    image_spec: Any = None
 
     @classmethod
     def build(cls, *, aux_layer_ids: list[int] | None, num_hidden_layers: int, **fields) -> RunnerInfo:
@@ -87,6 +92,7 @@ class RunnerInfo:
             features=self.features,
             weights=self.weights,
             parallel=self.parallel,
+            modalities=self.modalities or None,
             **per_server,
         )
 
@@ -100,6 +106,14 @@ class ForwardInputs:
     attention_mask: torch.Tensor  # [B, S]
     position_ids: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
+    # an image-text target's image inputs (server/images.py checked them), as its processor made them
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    mm_token_type_ids: torch.Tensor | None = None
+
+    @property
+    def images(self) -> dict[str, torch.Tensor]:
+        return {k: v for k in IMAGE_KEYS if (v := getattr(self, k)) is not None}
 
     @property
     def packed(self) -> bool:

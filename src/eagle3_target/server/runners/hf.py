@@ -1,4 +1,5 @@
-"""HF transformers runner: one AutoModelForCausalLM forward, aux states captured by forward hooks."""
+"""HF transformers runner: one forward of a causal LM (or an image-text model, hf_vlm.py), aux states
+captured by forward hooks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 from eagle3_target.protocol.features import (
+    CAN_IMAGE_MASK,
     CAN_PACKING,
     WEIGHT_FINAL_NORM,
     WEIGHT_LM_HEAD,
@@ -27,6 +29,7 @@ from .base import (
     RunnerInfo,
     resolve_dtype,
 )
+from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
@@ -98,21 +101,31 @@ class HFRunner(FinalHiddenRunner):
         config = model.config
         layers = decoder_layers(model)
         param = next(model.parameters())
+        text_config = config.get_text_config()  # an image-text model's sizes are its language model's
+        takes, images = modalities(model), image_spec(config)
         self.info = RunnerInfo.build(
             model=name,
             engine="hf",
             num_hidden_layers=len(layers),
-            hidden_size=int(getattr(config, "hidden_size", 0) or 0),
-            vocab_size=int(getattr(config, "vocab_size", 0) or 0),
+            hidden_size=int(getattr(text_config, "hidden_size", 0) or 0),
+            vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
             aux_layer_ids=aux_layer_ids,
             encodings=ENCODINGS if plain_lm_head(model) else EXACT_ENCODINGS,
             dtype=param.dtype,
             device=str(param.device),
             config=defining_config(config.to_diff_dict()),
             features=self.FEATURES
-            # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only)
-            + (() if "flash" in (getattr(config, "_attn_implementation", None) or "") else (CAN_PACKING,)),
+            + ((CAN_IMAGE_MASK,) if images else ())
+            # FlashAttention takes no 4D mask (NeMo packs it from position_ids at batch size 1 only); an
+            # image-text model's multimodal RoPE has no per-document positions (NeMo refuses packing too)
+            + (
+                ()
+                if takes or "flash" in (getattr(config, "_attn_implementation", None) or "")
+                else (CAN_PACKING,)
+            ),
             weights=tuple(n for n in WEIGHT_NAMES if n != WEIGHT_FINAL_NORM or final_norm(model) is not None),
+            modalities=takes,
+            image_spec=images,
         )
         self._layers = layers
         self._head = model.get_output_embeddings()
@@ -142,12 +155,7 @@ class HFRunner(FinalHiddenRunner):
 
             module, name = build_tiny_llama().to(torch_dtype), EMBEDDED_MODEL
         else:
-            from transformers import AutoModelForCausalLM
-
-            module = AutoModelForCausalLM.from_pretrained(
-                model, dtype=torch_dtype, trust_remote_code=trust_remote_code
-            )
-            name = model
+            module, name = load_pretrained(model, torch_dtype, trust_remote_code), model
         log.info("loaded %s (%s) on %s", name, torch_dtype, device)
         return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
 
@@ -173,13 +181,19 @@ class HFRunner(FinalHiddenRunner):
             mask = block_causal_mask(inputs.seq_lens, inputs.input_ids.shape[1], self.info.dtype, mask.device)
             packed["position_ids"] = inputs.position_ids
         captured: dict[object, torch.Tensor] = {}
-        points = [(i, self._layers[i] if i >= 0 else self.model.get_input_embeddings()) for i in want.layers]
         last = max(want.layers, default=None) if not (want.final_hidden or want.logits) else None
-        hooks = [module.register_forward_hook(_keep(captured, i, i == last)) for i, module in points]
+        hooks = [
+            self._layers[i].register_forward_hook(_keep(captured, i, i == last))
+            if i >= 0
+            else embedding_output_point(self.model, _keep(captured, i, i == last))
+            for i in want.layers
+        ]
         if want.final_hidden:
             hooks.append(self._head.register_forward_pre_hook(_keep_input(captured, stop=not want.logits)))
         try:
-            output = self.model(input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed)
+            output = self.model(
+                input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed, **inputs.images
+            )
         except _Stop:
             output = None
         finally:

@@ -48,10 +48,19 @@ def load_split_model(options: dict, world_size: int, device: str):
         options["model"],
         dtype=resolve_dtype(options.get("dtype", "auto"), device),
         trust_remote_code=options.get("trust_remote_code", False),
-        tp_plan="auto",
-        tp_size=world_size,
+        **_tensor_parallel(world_size),
     )
     return module, options["name"]
+
+
+def _tensor_parallel(size: int) -> dict:
+    """from_pretrained's arguments for the model's own tensor-parallel plan over ``size`` ranks: a
+    DistributedConfig where transformers has one (5.x), the older tp_plan/tp_size otherwise."""
+    try:
+        from transformers import DistributedConfig
+    except ImportError:
+        return {"tp_plan": "auto", "tp_size": size}
+    return {"distributed_config": DistributedConfig(tp_size=size, tp_plan="auto")}
 
 
 def _whole(value):
