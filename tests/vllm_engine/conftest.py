@@ -4,13 +4,24 @@ One vllm engine per process (runners/vllm.py): a module closes its engine before
 import os
 
 import pytest
+from parallel_support import write_split_llama
 
+from eagle3_target.server.runners import load_runner
 from eagle3_target.server.runners.tiny import build_tiny_llama
 
+from .split_support import AUX_LAYER_IDS, replies
 from .vllm_support import VLLM_INSTALLED, VLLM_TINY
 
 collect_ignore = (
-    [] if VLLM_INSTALLED else ["test_vllm_bfloat16.py", "test_vllm_engine.py", "test_vllm_server.py"]
+    []
+    if VLLM_INSTALLED
+    else [
+        "test_vllm_bfloat16.py",
+        "test_vllm_engine.py",
+        "test_vllm_server.py",
+        "test_vllm_parallel.py",
+        "test_vllm_serve_nodes.py",
+    ]
 )
 
 # A small CPU KV cache: the tests' batches are tiny, and other processes share this machine.
@@ -23,3 +34,19 @@ def vllm_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama-hd32")
     build_tiny_llama(seed=3, **VLLM_TINY).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def order_one_dir(tmp_path_factory):
+    """parallel_support's tiny Llama with values of order 1, for the split-replica tests."""
+    return str(write_split_llama(tmp_path_factory.mktemp("split-llama")))
+
+
+@pytest.fixture(scope="session")
+def one_device(order_one_dir):
+    """The one-device hf engine's replies: what a split replica must match within 1e-4."""
+    runner = load_runner(
+        "hf", model=order_one_dir, dtype="float32", device="cpu", aux_layer_ids=AUX_LAYER_IDS
+    )
+    yield replies(runner)
+    runner.close()

@@ -32,17 +32,21 @@ from .base import (
 )
 from .rows import row_lengths, stack_rows
 from .vllm_capture import (
+    FINAL,
+    LOGITS,
     drop_capture,
     embedding_shard,
+    head_rows,
+    head_shard,
     install_capture,
-    lm_head_rows,
+    merge,
     plain_head,
     row_positions,
     take_capture,
     watch_layers,
-    whole_weight,
 )
-from .vllm_engine import check_requirements, gpu_ids, start_engine
+from .vllm_engine import check_requirements, engine_args, gpu_ids, start_engine
+from .vllm_ranks import Heartbeat, executor_alive, follow
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +67,19 @@ class VLLMRunner(FinalHiddenRunner):
         dtype: torch.dtype,
         device: str,
         max_batch_tokens: int,
+        parallel: ParallelLayout,
     ):
         from vllm import SamplingParams
 
         self.llm = llm
+        self.parallel = parallel
         self.max_batch_tokens = max_batch_tokens
         model_config = llm.llm_engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.max_rows = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         hf_config = model_config.hf_config
         text = hf_config.get_text_config()
-        plain = llm.collective_rpc(plain_head)[0]
+        plain = next(p for p in llm.collective_rpc(plain_head) if p is not None)  # the last stage's
         self.info = RunnerInfo.build(
             model=name,
             engine="vllm",
@@ -87,10 +93,15 @@ class VLLMRunner(FinalHiddenRunner):
             config=defining_config(hf_config.to_diff_dict()),
             features=self.FEATURES,  # no packing: vLLM takes no block-causal mask
             weights=WEIGHT_NAMES if plain else (WEIGHT_INPUT_EMBEDDINGS,),
+            parallel={} if parallel.single else parallel.describe(),
         )
         # One token sampled greedily per row: the prefill is what we want, the sample is thrown away.
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         llm.collective_rpc(install_capture, args=(self.info.aux_layer_ids,))
+        self.executor = llm.llm_engine.engine_core.engine_core.model_executor
+        # The other nodes' beats: a node gone makes this replica unhealthy (vLLM would wait on it forever).
+        others = list(range(1, parallel.nnodes))
+        self.heartbeat = Heartbeat(parallel, watched=others) if others else None
         VLLMRunner.loaded = True
 
     @classmethod
@@ -108,36 +119,70 @@ class VLLMRunner(FinalHiddenRunner):
         max_batch_tokens: int = 16384,
         max_rows: int = 256,
     ) -> VLLMRunner:
-        check_requirements(device)
-        tensor_parallel_size = parallel.tensor_parallel_size
+        """The head of a replica (node-rank 0): its engine, every rank of this node started here."""
+        if not parallel.leader:
+            raise ValueError("node-rank > 0 follows the head (VLLMRunner.follow); only node-rank 0 loads")
+        limits = dict(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        limits.update(max_batch_tokens=max_batch_tokens, max_rows=max_rows)
+        args = cls._engine_args(model, dtype, device, trust_remote_code, parallel, limits)
         if VLLMRunner.loaded:
             raise ValueError(ONE_PER_PROCESS)
-        if model is None:
-            raise ValueError("the vllm engine needs --model (a local directory or hub id)")
-        if torch.device(device).type == "cpu" and tensor_parallel_size != 1:
-            raise ValueError("the vllm engine runs tensor parallel on CUDA GPUs only")
-        torch_dtype = resolve_dtype(dtype, device)
-        gpus = gpu_ids(device, tensor_parallel_size)
-        llm = start_engine(
-            model,
-            dtype=torch_dtype,
-            device=device,
-            trust_remote_code=trust_remote_code,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            max_batch_tokens=max_batch_tokens,
-            max_rows=max_rows,
-        )
-        log.info("loaded %s with vLLM (%s) on %s, tp %d", model, torch_dtype, device, tensor_parallel_size)
+        llm = start_engine(**args)
+        log.info("loaded %s with vLLM (%s) on %s, %s", model, args["dtype"], device, parallel.describe())
+        gpus = gpu_ids(device, parallel.tensor_parallel_size)
         return cls(
             llm,
             name=model,
             aux_layer_ids=aux_layer_ids,
-            dtype=torch_dtype,
+            dtype=resolve_dtype(dtype, device),
             device="cpu" if gpus is None else f"cuda:{gpus[0]}",
             max_batch_tokens=max_batch_tokens,
+            parallel=parallel,
         )
+
+    @classmethod
+    def follow(
+        cls,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "cpu",
+        aux_layer_ids: list[int] | None = None,
+        trust_remote_code: bool = False,
+        parallel: ParallelLayout,
+        gpu_memory_utilization: float = 0.6,
+        max_model_len: int | None = None,
+        max_batch_tokens: int = 16384,
+        max_rows: int = 256,
+    ) -> None:
+        """A node-rank > 0: run this node's ranks of the replica until its head is gone (returns) or one of
+        them dies (RuntimeError). The head's forwards drive them; nothing is served from here."""
+        del aux_layer_ids  # the head's hooks reach these ranks through collective_rpc
+        if parallel.leader:
+            raise ValueError("node-rank 0 heads the replica (VLLMRunner.load); only node-ranks > 0 follow")
+        limits = dict(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        limits.update(max_batch_tokens=max_batch_tokens, max_rows=max_rows)
+        follow(cls._engine_args(model, dtype, device, trust_remote_code, parallel, limits), parallel)
+
+    @staticmethod
+    def _engine_args(model, dtype, device, trust_remote_code, parallel, limits: dict) -> dict:
+        check_requirements(device)
+        if model is None:
+            raise ValueError("the vllm engine needs --model (a local directory or hub id)")
+        return engine_args(
+            model,
+            dtype=resolve_dtype(dtype, device),
+            device=device,
+            trust_remote_code=trust_remote_code,
+            parallel=parallel,
+            **limits,
+        )
+
+    def healthy(self) -> bool:
+        """False once any rank of the replica died: a worker process here, or another node."""
+        if self.llm is None:
+            return False
+        return executor_alive(self.executor) and (self.heartbeat is None or self.heartbeat.alive())
 
     def check_capacity(self, lengths: list[int]) -> None:
         limits = (
@@ -176,10 +221,10 @@ class VLLMRunner(FinalHiddenRunner):
         prompts = [{"prompt_token_ids": tokens[a:b]} for a, b in itertools.pairwise(bounds)]
         self.llm.collective_rpc(watch_layers, args=(list(want.layers),))
         self.llm.generate(prompts, self.sampling, use_tqdm=False)
-        logits, layers, hidden = self.llm.collective_rpc(
-            take_capture, args=(flat, row_positions(lengths), want.logits)
-        )[0]
-        rows = [(layers, True), (hidden, want.final_hidden), (logits, want.logits)]
+        parts = self.llm.collective_rpc(take_capture, args=(flat, row_positions(lengths), want.logits))
+        got = merge(parts, list(want.layers))
+        layers = torch.cat([got[i] for i in want.layers], dim=-1) if want.layers else None
+        rows = [(layers, True), (got[FINAL], want.final_hidden), (got.get(LOGITS), want.logits)]
         return Captured(
             *(stack_rows(t.to(input_ids.device), mask) if t is not None and on else None for t, on in rows)
         )
@@ -187,21 +232,29 @@ class VLLMRunner(FinalHiddenRunner):
     def weight(self, name: str) -> torch.Tensor:
         if name == WEIGHT_INPUT_EMBEDDINGS:
             return self.input_embeddings()
-        return self.llm.collective_rpc(whole_weight, args=(name,))[0][: self.info.vocab_size]
+        # The last stage's: the lm_head's shards of the real vocabulary in rank order, or the final norm.
+        return torch.cat([w for w in self.llm.collective_rpc(head_shard, args=(name,)) if w is not None])
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.llm.collective_rpc(lm_head_rows, args=(ids,))[0]
+        parts = [p for p in self.llm.collective_rpc(head_rows, args=(ids,)) if p is not None]
+        if len(parts) == 1:
+            return parts[0]["rows"]
+        rows = parts[0]["rows"].new_empty(len(ids), parts[0]["rows"].shape[-1])
+        for part in parts:  # each vocabulary shard fills the rows it holds
+            rows[part["mask"]] = part["rows"]
+        return rows
 
     def input_embeddings(self) -> torch.Tensor:
         # vLLM pads (and under tensor parallelism shards) the embedding rows: whole real vocabulary only.
-        shards = self.llm.collective_rpc(embedding_shard)
-        weight = shards[0] if len(shards) == 1 else torch.cat(shards)
-        return weight[: self.info.vocab_size]
+        return torch.cat([w for w in self.llm.collective_rpc(embedding_shard) if w is not None])
 
     def close(self) -> None:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-        self.llm.collective_rpc(drop_capture)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if executor_alive(self.executor):  # a failed executor takes no more calls
+            self.llm.collective_rpc(drop_capture)
         self.llm.llm_engine.engine_core.shutdown()
         self.llm = None
         VLLMRunner.loaded = False

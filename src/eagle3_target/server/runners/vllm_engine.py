@@ -6,10 +6,15 @@ vLLM is optional: nothing here imports it until an engine is started.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import logging
 import os
+import threading
+import time
 
 import torch
+
+from ..parallel import ParallelLayout
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +54,39 @@ def gpu_ids(device: str, tensor_parallel_size: int) -> list[int] | None:
     return list(range(first, first + tensor_parallel_size))
 
 
-def start_engine(
+def engine_args(
     model: str,
     *,
     dtype: torch.dtype,
     device: str,
     trust_remote_code: bool,
-    tensor_parallel_size: int,
+    parallel: ParallelLayout,
     gpu_memory_utilization: float,
     max_model_len: int | None,
     max_batch_tokens: int,
     max_rows: int,
-):
-    """vLLM's LLM, its engine core in this process, set up so that every batch is one hooked prefill."""
-    # The engine core runs in this process so that the runner can reach its workers' models;
-    # a small CPU KV cache: every batch is one fresh prefill, freed as soon as it is done.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+) -> dict:
+    """vLLM's engine arguments, the same on every node of a replica, for one hooked prefill per batch."""
+    # A small CPU KV cache: every batch is one fresh prefill, freed as soon as it is done.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    return LLM(
+    if parallel.nnodes > 1 and is_loopback(parallel.master_addr):
+        os.environ.setdefault("VLLM_HOST_IP", parallel.master_addr)  # every node on this host
+    split = {}
+    if not parallel.single:
+        split = dict(
+            pipeline_parallel_size=parallel.pipeline_parallel_size,
+            distributed_executor_backend="mp",  # vLLM's own worker processes, no Ray
+            nnodes=parallel.nnodes,
+            node_rank=parallel.node_rank,
+            master_addr=parallel.master_addr,
+            master_port=parallel.master_port,
+        )
+    return dict(
         model=model,
         dtype=VLLM_DTYPES[dtype],
         trust_remote_code=trust_remote_code,
-        tensor_parallel_size=tensor_parallel_size,
-        device_ids=gpu_ids(device, tensor_parallel_size),
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        device_ids=gpu_ids(device, parallel.tensor_parallel_size),
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
         # Every row must be prefilled in one step, in the order sent: Recorder.take checks it.
@@ -85,4 +98,52 @@ def start_engine(
         enforce_eager=True,
         skip_tokenizer_init=True,
         seed=0,
+        **split,
     )
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def start_engine(**args):
+    """vLLM's LLM with its engine core in this process, so that the runner reaches its workers' models;
+    every rank made ready for the first request and tied to its parent's life."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    llm = LLM(**args)
+    llm.collective_rpc(prepare_pipeline)
+    llm.collective_rpc(exit_with_parent)
+    return llm
+
+
+# The functions below run inside each vLLM worker (collective_rpc): the first argument is the worker.
+def prepare_pipeline(worker) -> None:
+    """Make a later pipeline stage's receive buffers. vLLM makes them in a warm-up run, which its CPU
+    worker skips in eager mode with a set KV cache size: the first request then fails on that stage."""
+    from vllm.distributed import get_pp_group
+
+    runner = worker.model_runner
+    if get_pp_group().is_first_rank or getattr(runner, "intermediate_tensors", True) is not None:
+        return
+    runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+    )
+
+
+def exit_with_parent(worker, period: float = 1.0) -> None:
+    """End this worker soon after the process that started it is gone, whatever the worker is doing
+    (vLLM's own parent watch only closes its queues, and a worker in a collective never sees that)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(period)
+        log.error("vLLM worker %d: its parent process %d is gone; exiting", os.getpid(), parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="eagle3-exit-with-parent").start()
