@@ -99,7 +99,7 @@ def worker(config: str, family: str, per_rank_fetch: bool) -> None:
     from nemo_automodel.components.config._arg_parser import parse_args_and_load_config
 
     from eagle3_target.client import nemo
-    from eagle3_target.client.nemo import backend, features, ranks
+    from eagle3_target.client.nemo import backend, fleet_target, ranks
 
     if per_rank_fetch:  # EAGLE-3's embeddings (backend.py); every other family's weights (ranks.py)
         backend.fetched_once = ranks.fetched_once = lambda fetch, device=None: fetch()
@@ -107,7 +107,7 @@ def worker(config: str, family: str, per_rank_fetch: bool) -> None:
     if family == "eagle3":
         owner, name = backend.NeMoTargetBackend, "get_input_embeddings"
     else:
-        owner, name = features, "fetched_weights"
+        owner, name = fleet_target, "fetched_weights"
     original = getattr(owner, name)
 
     def timed(*args, **kwargs):

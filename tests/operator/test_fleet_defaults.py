@@ -222,7 +222,7 @@ def test_a_lost_pod_is_replaced_at_once_under_a_new_name():
 
 
 def test_a_pod_creating_its_containers_is_told_apart_and_its_mount_failure_named():
-    from eagle3_target.operator.handlers import MOUNT_GRACE, Tracked
+    from eagle3_target.operator.tracked import MOUNT_GRACE, Tracked
 
     body = {
         "metadata": {"name": "t-0", "labels": {"eagle3.dev/ordinal": "0"}},

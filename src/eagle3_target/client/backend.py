@@ -21,7 +21,7 @@ from eagle3_target.protocol import encodings, wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
 from eagle3_target.protocol.features import WEIGHT_NAMES, Features
 
-from .capture import CaptureHandle, check_packing, image_inputs
+from .capture import CaptureHandle, request_body
 from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
@@ -245,14 +245,8 @@ class RemoteTargetBackend:
         features = self.features
         if features is None:
             raise ValueError("this backend asks for no features: pass features=Features(...) to it")
-        given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=True))
-        packing = {k: v for k, v in (("position_ids", position_ids), ("seq_lens", seq_lens)) if v is not None}
-        if packing:
-            check_packing(self.pool.reference)
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
-        body = {k: t.detach().to("cpu", torch.int64) for k, t in {**given, **packing}.items()}
-        body.update(image_inputs(self.pool.reference, images))
+        given = (input_ids, attention_mask, loss_mask)
+        body = request_body(self.pool.reference, given, position_ids, seq_lens, images)
         batch, seq = input_ids.shape
         reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab, features)
         return CaptureHandle(self._loop.submit(reply), self.device or input_ids.device)

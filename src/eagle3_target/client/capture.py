@@ -6,7 +6,7 @@ import concurrent.futures
 
 import torch
 
-from eagle3_target.protocol.contract import IMAGE_KEYS
+from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS, IMAGE_KEYS
 from eagle3_target.protocol.features import CAN_PACKING
 from eagle3_target.protocol.model_info import ModelInfo
 
@@ -48,3 +48,18 @@ def check_packing(reference: ModelInfo | None) -> None:
         raise ValueError(
             "the target servers do not offer packing (position_ids, seq_lens); send unpacked batches"
         )
+
+
+def request_body(
+    reference: ModelInfo | None, given, position_ids, seq_lens, images
+) -> dict[str, torch.Tensor]:
+    """A feature request's tensors: the three NeMo inputs as int64 on the CPU, NeMo's packing metadata for a
+    fleet that offers packing, and an image-text batch's processor outputs as they were made."""
+    packing = {k: v for k, v in (("position_ids", position_ids), ("seq_lens", seq_lens)) if v is not None}
+    if packing:
+        check_packing(reference)
+    if given[0].dim() != 2:
+        raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(given[0].shape)}")
+    body = dict(zip(GENERATE_INPUT_KEYS, given, strict=True))
+    body = {k: t.detach().to("cpu", torch.int64) for k, t in {**body, **packing}.items()}
+    return body | image_inputs(reference, images)

@@ -55,6 +55,21 @@ log = logging.getLogger(__name__)
 ONE_PER_PROCESS = "one vllm engine per process: close the vllm runner already loaded here first"
 
 
+def checked_engine_args(model, dtype, device, trust_remote_code, parallel, limits: dict) -> dict:
+    """vLLM's engine arguments for this replica, once the engine can run here and a model is named."""
+    check_requirements(device)
+    if model is None:
+        raise ValueError("the vllm engine needs --model (a local directory or hub id)")
+    return engine_args(
+        model,
+        dtype=resolve_dtype(dtype, device),
+        device=device,
+        trust_remote_code=trust_remote_code,
+        parallel=parallel,
+        **limits,
+    )
+
+
 class VLLMRunner(FinalHiddenRunner):
     loaded = False  # whether a runner of this process holds an engine (ONE_PER_PROCESS)
 
@@ -124,7 +139,7 @@ class VLLMRunner(FinalHiddenRunner):
             raise ValueError("node-rank > 0 follows the head (VLLMRunner.follow); only node-rank 0 loads")
         limits = dict(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
         limits.update(max_batch_tokens=max_batch_tokens, max_rows=max_rows)
-        args = cls._engine_args(model, dtype, device, trust_remote_code, parallel, limits)
+        args = checked_engine_args(model, dtype, device, trust_remote_code, parallel, limits)
         if VLLMRunner.loaded:
             raise ValueError(ONE_PER_PROCESS)
         llm = start_engine(**args)
@@ -162,21 +177,7 @@ class VLLMRunner(FinalHiddenRunner):
             raise ValueError("node-rank 0 heads the replica (VLLMRunner.load); only node-ranks > 0 follow")
         limits = dict(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
         limits.update(max_batch_tokens=max_batch_tokens, max_rows=max_rows)
-        follow(cls._engine_args(model, dtype, device, trust_remote_code, parallel, limits), parallel)
-
-    @staticmethod
-    def _engine_args(model, dtype, device, trust_remote_code, parallel, limits: dict) -> dict:
-        check_requirements(device)
-        if model is None:
-            raise ValueError("the vllm engine needs --model (a local directory or hub id)")
-        return engine_args(
-            model,
-            dtype=resolve_dtype(dtype, device),
-            device=device,
-            trust_remote_code=trust_remote_code,
-            parallel=parallel,
-            **limits,
-        )
+        follow(checked_engine_args(model, dtype, device, trust_remote_code, parallel, limits), parallel)
 
     def healthy(self) -> bool:
         """False once any rank of the replica died: a worker process here, or another node."""
