@@ -8,25 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 import kr8s
 import kr8s.asyncio
 
-from . import GROUP, PLURAL, VERSION, builders, incluster
+from . import GROUP, PLURAL, VERSION, builders, groups, incluster
 from .config import OperatorConfig
+from .group_planner import plan_groups
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
 from .nodes import NodeHealth, lost_pods
 from .planner import FAILING_REASONS, PodState, Rollout, plan
 from .status import Observed, compute_status
 from .target_spec import InvalidSpec, TargetSpec
+from .tracked import MOUNT_GRACE, Tracked  # noqa: F401 (MOUNT_GRACE: part of this module's interface)
 
 LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
 POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
@@ -37,57 +37,9 @@ CHILD_KINDS = {
     "ConfigMap": ("v1", "configmaps"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
 }
-EXPECTATION_TTL = 60.0  # seconds to trust our own creates/deletes over a watch that has not shown them yet
-ANNOUNCED = ("InvalidSpec", "FailedCreate")
-MOUNT_GRACE = 10.0  # seconds in ContainerCreating before a pod's FailedMount Events are read  # Degraded reasons that also become a Warning Event
+ANNOUNCED = ("InvalidSpec", "FailedCreate", "GroupUnschedulable")  # Degraded reasons that become Warnings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Tracked:
-    """One target as last seen, its lock, and the pod writes the watch has not reflected yet (so that two
-    quick passes never act twice on one gap: controller-runtime calls these expectations)."""
-
-    body: dict
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    created: dict[str, tuple[PodState, float]] = field(default_factory=dict)
-    deleted: dict[str, float] = field(default_factory=dict)
-    mounts: dict[str, str] = field(default_factory=dict)  # pod -> its volume's FailedMount message
-
-    async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
-        """On full passes: what pods stuck creating their containers wait on, from their Events."""
-        stuck = [p for p in pods if p.creating_since is not None and now - p.creating_since >= MOUNT_GRACE]
-        self.mounts = {
-            p.name: message for p in stuck if (message := await children.mount_failure(p.name, namespace))
-        }
-
-    def with_mounts(self, pods: list[PodState]) -> list[PodState]:
-        def failing(p: PodState) -> PodState:
-            message = self.mounts[p.name].split(" : ", 1)[-1]  # drop "MountVolume.SetUp failed for ..."
-            return dataclasses.replace(p, failing_reason="FailedMount", failing_message=message)
-
-        return [
-            failing(p) if p.name in self.mounts and p.creating_since and not p.failing_reason else p
-            for p in pods
-        ]
-
-    def observe(self, indexed: list[PodState], now: float) -> list[PodState]:
-        seen = {p.name: p for p in indexed}
-        self.created = {
-            n: c for n, c in self.created.items() if n not in seen and now - c[1] < EXPECTATION_TTL
-        }
-        self.deleted = {
-            n: t
-            for n, t in self.deleted.items()
-            if n in seen and not seen[n].terminating and now - t < EXPECTATION_TTL
-        }
-        leaving = {n: builders.TERMINATION_GRACE_SECONDS + t for n, t in self.deleted.items()}
-        pods = [
-            dataclasses.replace(p, terminating=True, deadline=leaving[p.name]) if p.name in leaving else p
-            for p in indexed
-        ]
-        return pods + [state for state, _ in self.created.values()]
 
 
 @kopf.on.login()
@@ -256,15 +208,12 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
         lost = lost_pods(pods, _nodes(memo), now)
         rollout, image, create_errors = Rollout(_desired_replicas(spec, pods), ""), "", []
         if target is not None and not problems:
-            revision = builders.revision(target)
-            # the image resolves once per revision: a new operator default waits for the next spec change
-            same = previous.get("revision") == revision and previous.get("image")
-            image = previous["image"] if same else target.image or memo.config.image
-            surge, unavailable = target.surge_and_unavailable()
-            rollout = Rollout(target.replicas, revision, surge, unavailable, target.partition)
+            rollout, image = _rollout(target, previous, memo.config.image)
             create_errors = await _apply(target, tracked, pods, rollout, image, memo, full, now, lost)
             pods = tracked.observe(list(index.get((namespace, name), [])), now)
-        pods = tracked.with_mounts([p for p in pods if p.name not in lost])
+        pods = _group_states(
+            target, tracked, tracked.with_mounts([p for p in pods if p.name not in lost]), now
+        )
 
         observed = Observed(
             rollout=rollout,
@@ -273,12 +222,13 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             progress_deadline=target.progress_deadline_seconds if target else 1800,
             generation=meta.get("generation"),
             drains_blocked=_drains_blocked(target),
+            given_back="; ".join(why for _, why in tracked.held.values()),
         )
         status = compute_status(
             name=name,
             pods=pods,
             observed=observed,
-            selector=builders.selector_string(name),
+            selector=builders.selector_string(name, target),
             previous=previous,
             image=image,
             at=now,
@@ -290,6 +240,15 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             except kr8s.NotFoundError:
                 return  # deleted meanwhile; its DELETED event drops it
         await _announce(memo.children, body, previous, status)
+
+
+def _rollout(target: TargetSpec, previous: dict, default_image: str) -> tuple[Rollout, str]:
+    revision = builders.revision(target)
+    # the image resolves once per revision: a new operator default waits for the next spec change
+    same = previous.get("revision") == revision and previous.get("image")
+    image = previous["image"] if same else target.image or default_image
+    surge, unavailable = target.surge_and_unavailable()
+    return Rollout(target.replicas, revision, surge, unavailable, target.partition), image
 
 
 def _nodes(memo: kopf.Memo) -> dict[str, NodeHealth]:
@@ -338,7 +297,7 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
     """Children, then this pass's pod deletions and creations; returns the creations the API refused."""
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace, lost)
+    step = _step(target, tracked, pods, rollout, memo, now, lost)
     if _creates(target, body, memo, step) and await memo.children.namespace_terminating(namespace):
         return []  # the API server refuses creations there; the namespace controller removes the rest
     if full:
@@ -354,18 +313,55 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
             tracked.deleted[pod_name] = now
             await memo.children.post_event(body, "Normal", "DeletedPod", f"deleted pod {pod_name}")
     errors = []
-    for ordinal, pod_name in step.create:
-        pod = builders.pod(target, name, namespace, ordinal, image, pod_name)
-        kopf.append_owner_reference(pod, owner=body)
-        try:
-            created = await memo.children.create_pod(pod)
-        except kr8s.ServerError as e:  # e.g. 403 from Pod Security admission, 422: the other ordinals go on
-            errors.append(f"pod {pod_name}: {e}")
-            continue
-        if created is not None:
-            tracked.created[pod_name] = (PodState.from_pod(created), now)
-            await memo.children.post_event(body, "Normal", "CreatedPod", f"created pod {pod_name}")
+    for ordinal, replica in step.create:  # a group's pods are created together, leader first
+        for rank in range(target.nodes_per_replica):
+            pod = builders.pod(
+                target, name, namespace, ordinal, image, replica, rank, memo.config.cluster_domain
+            )
+            pod_name = pod["metadata"]["name"]
+            kopf.append_owner_reference(pod, owner=body)
+            try:
+                created = await memo.children.create_pod(pod)
+            except kr8s.ServerError as e:  # e.g. 403 from Pod Security admission, 422: the others go on
+                errors.append(f"pod {pod_name}: {e}")
+                continue
+            if created is not None:
+                tracked.created[pod_name] = (PodState.from_pod(created), now)
+                await memo.children.post_event(body, "Normal", "CreatedPod", f"created pod {pod_name}")
     return errors
+
+
+def _step(target: TargetSpec, tracked: Tracked, pods, rollout: Rollout, memo: kopf.Memo, now: float, lost):
+    """This pass's plan: over pods, or over groups (which may give a group's pods back)."""
+    name, grace = tracked.body["metadata"]["name"], memo.config.stuck_pod_grace
+    if not groups.spans_nodes(target):
+        return plan(name, pods, rollout, now, grace, lost)
+    tracked.held = {o: h for o, h in tracked.held.items() if h[0] > now}
+    held = {o: h[0] for o, h in tracked.held.items()}
+    timeout = target.group_schedule_timeout_seconds
+    grouped = plan_groups(
+        name,
+        pods,
+        rollout,
+        target.nodes_per_replica,
+        now=now,
+        grace=grace,
+        lost=lost,
+        timeout=timeout,
+        held=held,
+    )
+    tracked.held.update(grouped.given_back)
+    for _, why in grouped.given_back.values():
+        log.warning("%s: %s; pods given back", name, why)
+    return grouped.plan
+
+
+def _group_states(target: TargetSpec | None, tracked: Tracked, pods: list[PodState], now: float):
+    """What the status counts: pods, or with nodesPerReplica > 1 one folded state per group."""
+    if target is None or not groups.spans_nodes(target):
+        return pods
+    name = tracked.body["metadata"]["name"]
+    return plan_groups(name, pods, Rollout(0, ""), target.nodes_per_replica, now=now, grace=0.0).states
 
 
 async def _announce(children: Children, body: dict, previous: dict, status: dict) -> None:
