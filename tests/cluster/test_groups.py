@@ -133,6 +133,9 @@ def test_a_group_that_cannot_be_placed_gives_its_pods_back_and_says_why(operator
     status = kubectl.json("-n", namespace, "get", "e3t", "llama")["status"]
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "GroupUnschedulable" and "anti-affinity" in degraded["message"], degraded
+    events = kubectl.json("-n", namespace, "get", "events", "--field-selector", "involvedObject.name=llama")
+    warnings = [e for e in events["items"] if e["type"] == "Warning" and e["reason"] == "GroupUnschedulable"]
+    assert len(warnings) == 1 and "1 of 5 pods not scheduled" in warnings[0]["message"], warnings
 
 
 def test_scale_counts_groups(operator, kubectl, namespace):

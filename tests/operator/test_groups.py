@@ -105,6 +105,14 @@ def test_ranks_of_one_group_must_land_on_distinct_nodes_beside_the_users_affinit
     pod = builders.pod(target(affinity=user), "llama", "ml", 1, IMAGE, "llama-1", 1)
     affinity = pod["spec"]["affinity"]
     assert affinity["nodeAffinity"] == user["nodeAffinity"]
+    template = {"spec": {"affinity": user}}
+    templated = builders.pod(target(podTemplate=template), "llama", "ml", 1, IMAGE, "llama-1", 0)["spec"][
+        "affinity"
+    ]
+    assert (
+        templated["podAntiAffinity"] == affinity["podAntiAffinity"]
+        and templated["nodeAffinity"] == user["nodeAffinity"]
+    )
     assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
         {
             "labelSelector": {"matchLabels": {groups.GROUP_LABEL: "llama-1"}},
