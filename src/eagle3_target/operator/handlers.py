@@ -334,9 +334,10 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
 def _step(target: TargetSpec, tracked: Tracked, pods, rollout: Rollout, memo: kopf.Memo, now: float, lost):
     """This pass's plan: over pods, or over groups (which may give a group's pods back)."""
     name, grace = tracked.body["metadata"]["name"], memo.config.stuck_pod_grace
-    if not groups.spans_nodes(target):
+    spans = groups.spans_nodes(target)
+    tracked.held = {o: h for o, h in tracked.held.items() if h[0] > now and spans}
+    if not spans:
         return plan(name, pods, rollout, now, grace, lost)
-    tracked.held = {o: h for o, h in tracked.held.items() if h[0] > now}
     held = {o: h[0] for o, h in tracked.held.items()}
     timeout = target.group_schedule_timeout_seconds
     grouped = plan_groups(

@@ -188,15 +188,25 @@ def _limit_arguments(g) -> None:
 
 def _engine_arguments(g) -> None:
     g.add_argument(
-        "--tensor-parallel-size", type=positive_int, default=1, help="ranks each layer is split over (default 1)"
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks each layer is split over (default 1)",
     )
     g.add_argument(
-        "--pipeline-parallel-size", type=positive_int, default=1, help="ranks the layers are split over (default 1)"
+        "--pipeline-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the layers are split over (default 1)",
     )
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes one replica spans (default 1)")
-    g.add_argument("--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)")
+    g.add_argument(
+        "--node-rank", type=int, default=0, help="this node's rank in the replica; 0 serves (default 0)"
+    )
     g.add_argument("--master-addr", default="127.0.0.1", help="node-rank 0's address, for --nnodes > 1")
-    g.add_argument("--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)")
+    g.add_argument(
+        "--master-port", type=int, default=29500, help="node-rank 0's rendezvous port (default 29500)"
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
