@@ -156,6 +156,9 @@ def test_specs_that_cannot_form_groups_are_refused():
     assert (
         "groupScheduleTimeoutSeconds must be at least 1" in target(groupScheduleTimeoutSeconds=0).problems()
     )
+    surge = target(updateStrategy={"maxSurge": "25%"}).problems()
+    assert any(p.startswith("updateStrategy.maxSurge must be 0 with nodesPerReplica > 1") for p in surge)
+    assert target(updateStrategy={"maxSurge": 0, "maxUnavailable": "50%"}, replicas=2).problems() == []
 
 
 def plan(pods, replicas=2, now=100.0, **kw):

@@ -247,6 +247,11 @@ class TargetSpec:
                 f"engine {self.engine} cannot span {self.nodes_per_replica} nodes (nodesPerReplica); use "
                 f"one of {', '.join(TENSOR_PARALLEL_ENGINES)}"
             )
+        if self.nodes_per_replica > 1 and self.surge_and_unavailable()[0] > 0:
+            errors.append(
+                "updateStrategy.maxSurge must be 0 with nodesPerReplica > 1: a surge group's leader would share "
+                "the DNS name its workers meet at with the leader of the group it replaces"
+            )
         if self.group_schedule_timeout_seconds < 1:
             errors.append("groupScheduleTimeoutSeconds must be at least 1")
         return errors
