@@ -147,3 +147,31 @@ def test_scale_counts_groups(operator, kubectl, namespace):
     assert (
         kubectl.json("-n", namespace, "get", "e3t", "llama", "--subresource=scale")["status"]["replicas"] == 2
     )
+
+
+def test_a_rollout_replaces_one_group_at_a_time(operator, kubectl, namespace):
+    apply(kubectl, namespace, replicas=2, gpusPerReplica=8, nodesPerReplica=2)  # fills the four nodes
+    eventually(lambda: all_ready(kubectl, namespace, 4), timeout=120, what="two ready groups of two")
+    first = kubectl.json("-n", namespace, "get", "e3t", "llama")["status"]["revision"]
+    apply(
+        kubectl,
+        namespace,
+        replicas=2,
+        gpusPerReplica=8,
+        nodesPerReplica=2,
+        args=["--max-batch-tokens", "4096"],
+    )
+    fewest = 2
+
+    def rolled_out():
+        nonlocal fewest
+        pods = live_pods(kubectl, namespace)
+        leaders = [p for p in pods if p["metadata"]["labels"][ROLE] == "leader" and ready(p)]
+        fewest = min(fewest, len(leaders))
+        status = kubectl.json("-n", namespace, "get", "e3t", "llama")["status"]
+        revisions = {p["metadata"]["labels"]["eagle3.dev/revision"] for p in pods}
+        done = status["revision"] != first and revisions == {status["revision"]} and len(pods) == 4
+        return done and status.get("updatedReplicas") == 2 and status.get("readyReplicas") == 2
+
+    eventually(rolled_out, timeout=180, interval=0.3, what="both groups at the new revision")
+    assert fewest >= 1, "the rollout took both groups down at once"
