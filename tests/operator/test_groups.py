@@ -93,6 +93,14 @@ def test_a_group_is_a_leader_and_workers_with_names_labels_and_multi_node_args()
     assert leader["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] != "/livez"
 
 
+@pytest.mark.parametrize(("gpus", "tensor"), [(4, "8"), (0, "2")])
+def test_the_hf_engine_spans_nodes_with_tensor_parallel_alone(gpus, tensor):
+    spec = target(engine="hf", gpusPerReplica=gpus)
+    args = builders.pod(spec, "llama", "ml", 0, IMAGE, "", 1)["spec"]["containers"][0]["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == tensor and "--pipeline-parallel-size" not in args
+    assert args[args.index("--nnodes") + 1] == "2"
+
+
 def test_args_that_set_a_split_win_and_a_recreated_group_keeps_its_leader_address():
     spec = target(args=["--pipeline-parallel-size", "1", "--tensor-parallel-size", "16"])
     args = builders.pod(spec, "llama", "ml", 0, IMAGE, "llama-0-r1", 1)["spec"]["containers"][0]["args"]

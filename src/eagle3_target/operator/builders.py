@@ -107,10 +107,12 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
 
 
 def _tensor_parallel(spec: TargetSpec) -> list[str]:
-    """Every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size unless `args` set one."""
+    """Every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size unless `args` set one (for a
+    group of the hf engine, which has no pipeline parallel, the GPUs of all its pods)."""
     given = any(a == "--tensor-parallel-size" or a.startswith("--tensor-parallel-size=") for a in spec.args)
-    if spec.gpus_per_replica > 1 and spec.engine in TENSOR_PARALLEL_ENGINES and not given:
-        return ["--tensor-parallel-size", str(spec.gpus_per_replica)]
+    size = groups.tensor_parallel_size(spec)
+    if size > 1 and spec.engine in TENSOR_PARALLEL_ENGINES and not given:
+        return ["--tensor-parallel-size", str(size)]
     return []
 
 

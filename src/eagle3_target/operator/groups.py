@@ -14,6 +14,8 @@ GROUP_LABEL = f"{GROUP}/group"  # the leader pod's name: one value per group, ne
 RANK_LABEL = f"{GROUP}/rank"
 ROLE_LABEL = f"{GROUP}/role"
 LEADER, WORKER = "leader", "worker"
+# Engines whose replica splits into pipeline stages, one per node; hf's tensor-parallel group spans the nodes.
+PIPELINE_PARALLEL_ENGINES = ("vllm",)
 
 
 def spans_nodes(spec: TargetSpec) -> bool:
@@ -39,12 +41,20 @@ def leader_address(leader_hostname: str, subdomain: str, namespace: str, cluster
     return f"{leader_hostname}.{subdomain}.{namespace}.svc.{cluster_domain}"
 
 
+def tensor_parallel_size(spec: TargetSpec) -> int:
+    """vLLM's usual split: tensor parallel within a node; an engine without pipeline parallel spans the nodes
+    with its tensor-parallel group instead (one rank per GPU, or per node on CPU)."""
+    if spans_nodes(spec) and spec.engine not in PIPELINE_PARALLEL_ENGINES:
+        return max(spec.gpus_per_replica, 1) * spec.nodes_per_replica
+    return spec.gpus_per_replica
+
+
 def _given(args: tuple[str, ...], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 def server_args(spec: TargetSpec, rank: int, master_addr: str, master_port: int) -> list[str]:
-    """The multi-node arguments; pipeline parallel across the nodes unless `args` set a split."""
+    """The multi-node arguments; pipeline parallel across the nodes (vllm) unless `args` set a split."""
     result = [
         "--nnodes",
         str(spec.nodes_per_replica),
@@ -55,7 +65,7 @@ def server_args(spec: TargetSpec, rank: int, master_addr: str, master_port: int)
         "--master-port",
         str(master_port),
     ]
-    if not _given(spec.args, "--pipeline-parallel-size"):
+    if spec.engine in PIPELINE_PARALLEL_ENGINES and not _given(spec.args, "--pipeline-parallel-size"):
         result += ["--pipeline-parallel-size", str(spec.nodes_per_replica)]
     return result
 
