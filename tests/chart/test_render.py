@@ -422,3 +422,14 @@ def test_the_operator_cli_accepts_the_rendered_arguments(renders, monkeypatch):
     assert scoped.namespace == ["trainers", "research"]
     assert cluster_wide.liveness == "http://0.0.0.0:8080/healthz"
     assert cluster_wide.cluster_domain == "cluster.local"
+
+
+def test_nodes_per_replica_passes_through_only_when_set(tools, crd):
+    grouped = one(
+        template(tools, {"target.nodesPerReplica": "2", "target.groupScheduleTimeoutSeconds": "900"}),
+        "Eagle3Target",
+    )
+    assert grouped["spec"]["nodesPerReplica"] == 2 and grouped["spec"]["groupScheduleTimeoutSeconds"] == 900
+    assert check_eagle3target(grouped, crd) == []
+    plain = one(template(tools), "Eagle3Target")["spec"]
+    assert "nodesPerReplica" not in plain and "groupScheduleTimeoutSeconds" not in plain

@@ -94,6 +94,13 @@ LONGEST = "x" * builders.MAX_NAME_LENGTH
             "set disruption.maxUnavailable or disruption.minAvailable, not both",
         ),
         ("llama", {"nodeFailureToleranceSeconds": -5}, "nodeFailureToleranceSeconds must not be negative"),
+        ("llama", {"nodesPerReplica": 0}, "nodesPerReplica must be at least 1"),
+        (
+            "llama",
+            {"nodesPerReplica": 2, "groupScheduleTimeoutSeconds": 0},
+            "groupScheduleTimeoutSeconds must be greater than 0",
+        ),
+        ("llama", {"nodesPerReplica": 4, "groupScheduleTimeoutSeconds": 120}, None),
         ("llama", {"replicas": -1}, "spec.replicas: Invalid value: -1"),
         ("llama", {"auxLayerIds": [1, 2]}, "spec.auxLayerIds: Invalid value"),
         ("llama", {"ports": {"http": 80}}, "spec.ports.http: Invalid value: 80"),

@@ -1,5 +1,5 @@
-"""Pure functions from an Eagle3Target to its target pods, and the names and labels all its children share
-(the Services and the client ConfigMap are built in discovery.py). Owner references are added by the handlers."""
+"""Pure functions from an Eagle3Target to the dicts of its children: target pods, the two headless Services
+and the client ConfigMap. Owner references are added by the handlers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import json
 
 from eagle3_target.protocol import contract
 
-from . import GROUP, placement
+from . import GROUP, groups, placement
 from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TENSOR_PARALLEL_ENGINES, TargetSpec
+from .template import with_template as _with_template
 from .volumes import CACHE_DIR, TOKEN_DIR, pod_volumes
 
 MANAGER = "eagle3-target-operator"
@@ -26,6 +27,7 @@ TERMINATION_GRACE_SECONDS = DRAIN_SECONDS + 15
 # The longest derived DNS label: `<name>-peers` (a Service name, at most 63 characters); the CRD's CEL rule
 # enforces the same bound at admission.
 MAX_NAME_LENGTH = 63 - len("-peers")
+WHERE = ("default", "cluster.local")  # a pod's namespace and cluster domain, unless given
 
 
 def labels(name: str, component: str = "target") -> dict[str, str]:
@@ -44,8 +46,16 @@ def selector(name: str) -> dict[str, str]:
     return {TARGET_LABEL: name, "app.kubernetes.io/component": "target"}
 
 
-def selector_string(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector(name).items())
+def leader_selector(spec: TargetSpec, name: str) -> dict[str, str]:
+    """The pods that are fleet endpoints: every pod, or with nodesPerReplica > 1 each group's leader."""
+    if groups.spans_nodes(spec):
+        return {**selector(name), groups.ROLE_LABEL: groups.LEADER}
+    return selector(name)
+
+
+def selector_string(name: str, spec: TargetSpec | None = None) -> str:
+    chosen = leader_selector(spec, name) if spec is not None else selector(name)
+    return ",".join(f"{k}={v}" for k, v in chosen.items())
 
 
 def name_problems(name: str) -> list[str]:
@@ -96,10 +106,12 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
 
 
 def _tensor_parallel(spec: TargetSpec) -> list[str]:
-    """Every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size unless `args` set one."""
+    """Every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size unless `args` set one (for a
+    group of the hf engine, which has no pipeline parallel, the GPUs of all its pods)."""
     given = any(a == "--tensor-parallel-size" or a.startswith("--tensor-parallel-size=") for a in spec.args)
-    if spec.gpus_per_replica > 1 and spec.engine in TENSOR_PARALLEL_ENGINES and not given:
-        return ["--tensor-parallel-size", str(spec.gpus_per_replica)]
+    size = groups.tensor_parallel_size(spec)
+    if size > 1 and spec.engine in TENSOR_PARALLEL_ENGINES and not given:
+        return ["--tensor-parallel-size", str(size)]
     return []
 
 
@@ -152,21 +164,38 @@ def _env(spec: TargetSpec, ordinal: int) -> list[dict]:
     return env + [copy.deepcopy(e) for e in spec.env]  # later entries win, so user env can override
 
 
-def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
-    """The pod spec of one replica: its ordinal (hostname, ports) is its identity, not the pod's name."""
+def _probes(spec: TargetSpec, rank: int) -> dict:
+    """Workers serve /livez only: it is their readiness too (the leader's readiness covers the group)."""
+    ready = contract.READINESS_PATH if rank == 0 else contract.LIVENESS_PATH
+    return {
+        "startupProbe": _probe(ready, spec.startup_probe),
+        "readinessProbe": _probe(ready, spec.readiness_probe),
+        "livenessProbe": _probe(contract.LIVENESS_PATH, spec.liveness_probe),
+    }
+
+
+def _group_args(spec: TargetSpec, name: str, ordinal: int, rank: int, where: tuple[str, str]) -> list[str]:
+    if not groups.spans_nodes(spec):
+        return []
+    master = groups.leader_address(pod_name(name, ordinal), peers_service_name(name), *where)
+    # the last port of the replica's NCCL block is the group's rendezvous port (declared like the others)
+    return groups.server_args(spec, rank, master, spec.ports_for(ordinal).nccl_end)
+
+
+def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str, rank: int = 0, where=WHERE) -> dict:
+    """The pod spec of one replica (or of rank `rank` of a group): its ordinal (hostname, ports) is its
+    identity, not the pod's name. `where`: the namespace and cluster domain, for a worker's leader address."""
     volumes, mounts = pod_volumes(spec)
     container = {
         "name": SERVER_CONTAINER,
         "image": image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["eagle3-target", "serve"],
-        "args": server_args(spec, ordinal),
+        "args": server_args(spec, ordinal) + _group_args(spec, name, ordinal, rank, where),
         "env": _env(spec, ordinal),
         "ports": _container_ports(spec, ordinal),
         "resources": _resources(spec),
-        "startupProbe": _probe(contract.READINESS_PATH, spec.startup_probe),
-        "readinessProbe": _probe(contract.READINESS_PATH, spec.readiness_probe),
-        "livenessProbe": _probe(contract.LIVENESS_PATH, spec.liveness_probe),
+        **_probes(spec, rank),
         "volumeMounts": mounts,
         "securityContext": {
             "runAsNonRoot": True,
@@ -177,7 +206,7 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
         },
     }
     result = {
-        "hostname": pod_name(name, ordinal),
+        "hostname": groups.member_hostname(pod_name(name, ordinal), rank),
         "subdomain": peers_service_name(name),
         "restartPolicy": "Always",
         "automountServiceAccountToken": False,
@@ -212,42 +241,6 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str) -> dict:
     return merged
 
 
-# podTemplate.spec fields that replace what the flat fields and the defaults set (an empty
-# topologySpreadConstraints list turns the default spread off), and those whose items are appended.
-TEMPLATE_REPLACES = (
-    "priorityClassName",
-    "runtimeClassName",
-    "schedulerName",
-    "affinity",
-    "topologySpreadConstraints",
-)
-TEMPLATE_APPENDS = ("tolerations", "volumes")
-CONTAINER_APPENDS = ("env", "envFrom", "volumeMounts")
-
-
-def _with_template(pod_spec_: dict, template: dict) -> dict:
-    """The pod spec with podTemplate.spec merged in. Ports, probes, the command and everything else the
-    template's schema does not declare stay the operator's."""
-    merged = copy.deepcopy(pod_spec_)
-    for key in TEMPLATE_REPLACES:
-        if key in template:
-            merged[key] = copy.deepcopy(template[key])
-    for key in TEMPLATE_APPENDS:
-        if template.get(key):
-            merged[key] = merged.get(key, []) + copy.deepcopy(template[key])
-    server = next(c for c in merged["containers"] if c["name"] == SERVER_CONTAINER)
-    for extra in template.get("containers") or ():
-        if extra.get("name") != SERVER_CONTAINER:
-            continue  # refused by the schema and by TargetSpec.problems()
-        for key in CONTAINER_APPENDS:
-            if extra.get(key):
-                server[key] = server.get(key, []) + copy.deepcopy(extra[key])
-        added = ((extra.get("securityContext") or {}).get("capabilities") or {}).get("add")
-        if added:
-            server["securityContext"]["capabilities"]["add"] = list(added)
-    return merged
-
-
 def revision(spec: TargetSpec) -> str:
     """Digest of what the user set: the fields that differ from their defaults, less those that only steer
     rollouts. Neither the operator's default image nor a field a newer CRD or operator adds with a default
@@ -262,14 +255,27 @@ def revision(spec: TargetSpec) -> str:
     return hashlib.sha256(encoded.encode()).hexdigest()[:16]
 
 
-def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, image: str, pod_name_: str = "") -> dict:
-    """Replica `ordinal` under `pod_name_` (default `<name>-<ordinal>`), stamped with the spec's revision."""
+def pod(
+    spec: TargetSpec,
+    name: str,
+    namespace: str,
+    ordinal: int,
+    image: str,
+    pod_name_: str = "",
+    rank: int = 0,
+    cluster_domain: str = "cluster.local",
+) -> dict:
+    """Replica `ordinal` under `pod_name_` (default `<name>-<ordinal>`), stamped with the spec's revision.
+    With nodesPerReplica > 1 that name is the group's, and `rank` picks the group's member."""
     template = spec.pod_template.get("metadata") or {}
-    return {
+    group = pod_name_ or pod_name(name, ordinal)
+    member = groups.member_labels(group, rank) if groups.spans_nodes(spec) else {}
+    body_spec = pod_spec(spec, name, ordinal, image, rank, (namespace, cluster_domain))
+    result = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name_ or pod_name(name, ordinal),
+            "name": groups.member_name(group, rank),
             "namespace": namespace,
             # the operator's own labels and annotation win: they select the pod and track its revision
             "labels": {
@@ -277,8 +283,10 @@ def pod(spec: TargetSpec, name: str, namespace: str, ordinal: int, image: str, p
                 **labels(name),
                 ORDINAL_LABEL: str(ordinal),
                 placement.REVISION_LABEL: revision(spec),
+                **member,
             },
             "annotations": {**(template.get("annotations") or {}), HASH_ANNOTATION: revision(spec)},
         },
-        "spec": pod_spec(spec, name, ordinal, image),
+        "spec": groups.with_anti_affinity(body_spec, group) if member else body_spec,
     }
+    return result

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from eagle3_target.protocol import contract
 
-from .builders import client_configmap_name, labels, peers_service_name, selector
+from . import groups
+from .builders import client_configmap_name, labels, leader_selector, peers_service_name, selector
 from .disruption import pod_disruption_budget
 from .target_spec import TargetSpec
 
@@ -32,8 +33,10 @@ def _service(service_name: str, name: str, namespace: str, spec: TargetSpec, pub
 
 
 def service(spec: TargetSpec, name: str, namespace: str) -> dict:
-    """Ready targets only: what trainers resolve."""
-    return _service(name, name, namespace, spec, publish_not_ready=False)
+    """Ready targets only (with groups: ready leaders only): what trainers resolve."""
+    result = _service(name, name, namespace, spec, publish_not_ready=False)
+    result["spec"]["selector"] = leader_selector(spec, name)
+    return result
 
 
 def peers_service(spec: TargetSpec, name: str, namespace: str) -> dict:
@@ -76,7 +79,11 @@ def children(
         peers_service(spec, name, namespace),
         client_configmap(spec, name, namespace, cluster_domain),
     ] + (
-        [pod_disruption_budget(spec.disruption, name, namespace, labels(name), selector(name))]
+        [
+            groups.in_pods(
+                spec, pod_disruption_budget(spec.disruption, name, namespace, labels(name), selector(name))
+            )
+        ]
         if spec.disruption.enabled
         else []
     )

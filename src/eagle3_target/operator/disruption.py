@@ -79,3 +79,14 @@ def switch_bound(body: dict) -> dict:
     spec = body["spec"]
     other = "minAvailable" if "maxUnavailable" in spec else "maxUnavailable"
     return {**body, "spec": {**spec, other: None}}
+
+
+def drains_blocked(target) -> str:
+    """The DrainsBlocked condition's message for a TargetSpec whose budget allows no eviction; "" otherwise."""
+    if target is None or not target.disruption.blocks_drains(target.replicas):
+        return ""
+    bound = ", ".join(f"{k} {v}" for k, v in target.disruption.budget().items())
+    return (
+        f"the PodDisruptionBudget ({bound}) allows no eviction with {target.replicas} replica(s): a drain of "
+        "a node holding one of these pods waits until spec.disruption or spec.replicas changes"
+    )

@@ -17,15 +17,18 @@ import kopf
 import kr8s
 import kr8s.asyncio
 
-from . import GROUP, PLURAL, VERSION, builders, discovery, incluster
+from . import GROUP, PLURAL, VERSION, builders, discovery, groups, incluster
+from .announce import announce
 from .config import OperatorConfig
+from .disruption import drains_blocked
+from .group_planner import counted_states, plan_groups
 from .kube import Children
 from .leader import AlwaysLeader, LeaseElector
 from .nodes import NodeHealth, lost_pods
-from .planner import FAILING_REASONS, PodState, Rollout, plan
+from .planner import PodState, Rollout, plan
 from .status import Observed, compute_status
 from .target_spec import InvalidSpec, TargetSpec
-from .tracked import Tracked
+from .tracked import MOUNT_GRACE, Tracked  # noqa: F401 (MOUNT_GRACE: part of this module's interface)
 
 LEGACY_FINALIZER = f"{GROUP}/kopf-finalizer"  # earlier versions' timers needed one; remove it where found
 POD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGER, builders.TARGET_LABEL: kopf.PRESENT}
@@ -36,7 +39,6 @@ CHILD_KINDS = {
     "ConfigMap": ("v1", "configmaps"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
 }
-ANNOUNCED = ("InvalidSpec", "FailedCreate")  # Degraded reasons that also become a Warning Event
 
 log = logging.getLogger(__name__)
 
@@ -207,15 +209,12 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
         lost = lost_pods(pods, _nodes(memo), now)
         rollout, image, create_errors = Rollout(_desired_replicas(spec, pods), ""), "", []
         if target is not None and not problems:
-            revision = builders.revision(target)
-            # the image resolves once per revision: a new operator default waits for the next spec change
-            same = previous.get("revision") == revision and previous.get("image")
-            image = previous["image"] if same else target.image or memo.config.image
-            surge, unavailable = target.surge_and_unavailable()
-            rollout = Rollout(target.replicas, revision, surge, unavailable, target.partition)
+            rollout, image = _rollout(target, previous, memo.config.image)
             create_errors = await _apply(target, tracked, pods, rollout, image, memo, full, now, lost)
             pods = tracked.observe(list(index.get((namespace, name), [])), now)
-        pods = tracked.with_mounts([p for p in pods if p.name not in lost])
+        pods = counted_states(
+            target, tracked, tracked.with_mounts([p for p in pods if p.name not in lost]), now
+        )
 
         observed = Observed(
             rollout=rollout,
@@ -223,13 +222,14 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             create_errors=create_errors,
             progress_deadline=target.progress_deadline_seconds if target else 1800,
             generation=meta.get("generation"),
-            drains_blocked=_drains_blocked(target),
+            drains_blocked=drains_blocked(target),
+            given_back="; ".join(why for _, why in tracked.held.values()),
         )
         status = compute_status(
             name=name,
             pods=pods,
             observed=observed,
-            selector=builders.selector_string(name),
+            selector=builders.selector_string(name, target),
             previous=previous,
             image=image,
             at=now,
@@ -240,23 +240,22 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
                 tracked.body = await memo.children.patch_status(name, namespace, changed)
             except kr8s.NotFoundError:
                 return  # deleted meanwhile; its DELETED event drops it
-        await _announce(memo.children, body, previous, status)
+        await announce(memo.children, body, previous, status)
+
+
+def _rollout(target: TargetSpec, previous: dict, default_image: str) -> tuple[Rollout, str]:
+    revision = builders.revision(target)
+    # the image resolves once per revision: a new operator default waits for the next spec change
+    same = previous.get("revision") == revision and previous.get("image")
+    image = previous["image"] if same else target.image or default_image
+    surge, unavailable = target.surge_and_unavailable()
+    return Rollout(target.replicas, revision, surge, unavailable, target.partition), image
 
 
 def _nodes(memo: kopf.Memo) -> dict[str, NodeHealth]:
     """The node index as {name: health} (kopf stores each key's values as a collection of one)."""
     index = memo.get("node_index")
     return {node: next(iter(values)) for node, values in index.items()} if index is not None else {}
-
-
-def _drains_blocked(target: TargetSpec | None) -> str:
-    if target is None or not target.disruption.blocks_drains(target.replicas):
-        return ""
-    bound = ", ".join(f"{k} {v}" for k, v in target.disruption.budget().items())
-    return (
-        f"the PodDisruptionBudget ({bound}) allows no eviction with {target.replicas} replica(s): a drain of "
-        "a node holding one of these pods waits until spec.disruption or spec.replicas changes"
-    )
 
 
 def _seen(memo: kopf.Memo, kind: str, namespace: str, name: str) -> dict | None:
@@ -289,7 +288,7 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
     """Children, then this pass's pod deletions and creations; returns the creations the API refused."""
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    step = plan(name, pods, rollout, now, memo.config.stuck_pod_grace, lost)
+    step = _step(target, tracked, pods, rollout, memo, now, lost)
     if _creates(target, body, memo, step) and await memo.children.namespace_terminating(namespace):
         return []  # the API server refuses creations there; the namespace controller removes the rest
     if full:
@@ -305,33 +304,45 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
             tracked.deleted[pod_name] = now
             await memo.children.post_event(body, "Normal", "DeletedPod", f"deleted pod {pod_name}")
     errors = []
-    for ordinal, pod_name in step.create:
-        pod = builders.pod(target, name, namespace, ordinal, image, pod_name)
-        kopf.append_owner_reference(pod, owner=body)
-        try:
-            created = await memo.children.create_pod(pod)
-        except kr8s.ServerError as e:  # e.g. 403 from Pod Security admission, 422: the other ordinals go on
-            errors.append(f"pod {pod_name}: {e}")
-            continue
-        if created is not None:
-            tracked.created[pod_name] = (PodState.from_pod(created), now)
-            await memo.children.post_event(body, "Normal", "CreatedPod", f"created pod {pod_name}")
+    for ordinal, replica in step.create:  # a group's pods are created together, leader first
+        for rank in range(target.nodes_per_replica):
+            pod = builders.pod(
+                target, name, namespace, ordinal, image, replica, rank, memo.config.cluster_domain
+            )
+            pod_name = pod["metadata"]["name"]
+            kopf.append_owner_reference(pod, owner=body)
+            try:
+                created = await memo.children.create_pod(pod)
+            except kr8s.ServerError as e:  # e.g. 403 from Pod Security admission, 422: the others go on
+                errors.append(f"pod {pod_name}: {e}")
+                continue
+            if created is not None:
+                tracked.created[pod_name] = (PodState.from_pod(created), now)
+                await memo.children.post_event(body, "Normal", "CreatedPod", f"created pod {pod_name}")
     return errors
 
 
-async def _announce(children: Children, body: dict, previous: dict, status: dict) -> None:
-    """A Warning Event for an invalid spec or refused pods (one per distinct message), and for each new
-    reason pods wait on (one per reason, not one per pass or per pod)."""
-
-    def find(block: dict, type_: str) -> dict:
-        return next((c for c in block.get("conditions") or [] if c.get("type") == type_), {})
-
-    now, before = find(status, "Degraded"), find(previous, "Degraded")
-    if now.get("reason") in ANNOUNCED and (now.get("reason"), now.get("message")) != (
-        before.get("reason"),
-        before.get("message"),
-    ):
-        await children.post_event(body, "Warning", now["reason"], now["message"])
-    ready, was = find(status, "Ready"), find(previous, "Ready")
-    if ready.get("reason") in FAILING_REASONS and ready["reason"] != was.get("reason"):
-        await children.post_event(body, "Warning", ready["reason"], ready["message"])
+def _step(target: TargetSpec, tracked: Tracked, pods, rollout: Rollout, memo: kopf.Memo, now: float, lost):
+    """This pass's plan: over pods, or over groups (which may give a group's pods back)."""
+    name, grace = tracked.body["metadata"]["name"], memo.config.stuck_pod_grace
+    spans = groups.spans_nodes(target)
+    tracked.held = {o: h for o, h in tracked.held.items() if h[0] > now and spans}
+    if not spans:
+        return plan(name, pods, rollout, now, grace, lost)
+    held = {o: h[0] for o, h in tracked.held.items()}
+    timeout = target.group_schedule_timeout_seconds
+    grouped = plan_groups(
+        name,
+        pods,
+        rollout,
+        target.nodes_per_replica,
+        now=now,
+        grace=grace,
+        lost=lost,
+        timeout=timeout,
+        held=held,
+    )
+    tracked.held.update(grouped.given_back)
+    for _, why in grouped.given_back.values():
+        log.warning("%s: %s; pods given back", name, why)
+    return grouped.plan

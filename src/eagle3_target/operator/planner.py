@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .builders import HASH_ANNOTATION, ORDINAL_LABEL, pod_name
+from .groups import GROUP_LABEL, RANK_LABEL
 
 # Waiting reasons that will not fix themselves while the spec stays as it is: Stalled, Degraded.
 FAILING_REASONS = {
@@ -61,10 +62,19 @@ class PodState:
     # seconds the pod tolerates each NoExecute node-failure taint; None: forever
     node_tolerations: tuple[tuple[str, float | None], ...] = ()
     creating_since: float | None = None  # scheduled, containers not yet created (volumes mount first)
+    group: str = ""  # with nodesPerReplica > 1: the group's (its leader's) name
+    rank: int = 0
+    created_at: float | None = None
+    bound: bool = True  # scheduled to a node
+
+    @property
+    def group_name(self) -> str:
+        return self.group or self.name
 
     @classmethod
     def from_pod(cls, body: dict[str, Any]) -> PodState:
         meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
+        labels = meta.get("labels", {})
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         ports = [
             p for c in spec.get("containers", [])[:1] for p in c.get("ports", []) if p.get("name") == "http"
@@ -79,7 +89,7 @@ class PodState:
             failing = {"reason": status.get("reason") or "PodFailed", "message": status.get("message", "")}
         return cls(
             name=meta["name"],
-            ordinal=int(meta.get("labels", {}).get(ORDINAL_LABEL, -1)),
+            ordinal=int(labels.get(ORDINAL_LABEL, -1)),
             spec_hash=meta.get("annotations", {}).get(HASH_ANNOTATION, ""),
             ready=conditions.get("Ready", {}).get("status") == "True" and bool(status.get("podIP")),
             ip=status.get("podIP"),
@@ -92,6 +102,10 @@ class PodState:
             node=spec.get("nodeName"),
             node_tolerations=_failure_tolerations(spec.get("tolerations") or []),
             creating_since=_creating_since(waiting, scheduled),
+            group=labels.get(GROUP_LABEL, ""),
+            rank=int(labels.get(RANK_LABEL, 0)),
+            created_at=parse_time(meta.get("creationTimestamp")),
+            bound=bool(spec.get("nodeName")),
         )
 
     @property

@@ -52,6 +52,7 @@ class Observed:
     progress_deadline: float = 1800.0
     generation: int | None = None
     drains_blocked: str = ""  # why the PodDisruptionBudget lets no eviction through, if it does not
+    given_back: str = ""  # groups that gave their pods back for want of nodes, and why
 
 
 def waiting_detail(pod: PodState) -> str:
@@ -82,6 +83,8 @@ def _fleet_conditions(pods: list[PodState], observed: Observed) -> list[dict]:
         ready_cond = condition("Ready", True, "ScaledToZero", "no targets requested", generation)
     elif observed.create_errors:
         ready_cond = condition("Ready", False, "FailedCreate", "; ".join(observed.create_errors), generation)
+    elif observed.given_back:
+        ready_cond = condition("Ready", False, "GroupUnschedulable", observed.given_back, generation)
     elif len(ready) >= rollout.replicas and not outdated and len(wanted) == rollout.replicas:
         ready_cond = condition("Ready", True, "AllTargetsReady", counts, generation)
     elif blocked := [p for p in wanted if not p.ready and p.failing_reason]:
@@ -111,6 +114,8 @@ def _fleet_conditions(pods: list[PodState], observed: Observed) -> list[dict]:
     if observed.create_errors:
         message = "; ".join(observed.create_errors)
         degraded = condition("Degraded", True, "FailedCreate", message, generation)
+    elif observed.given_back:
+        degraded = condition("Degraded", True, "GroupUnschedulable", observed.given_back, generation)
     elif failing:
         names = ", ".join(f"{p.name}: {p.failing_reason}" for p in failing)
         degraded = condition("Degraded", True, "PodsFailing", names, generation)
@@ -182,7 +187,7 @@ def compute_status(
         "serviceName": name,
         "endpoints": endpoints,
     }
-    result["waiting"] = waiting(pods, rollout)
+    result["waiting"] = observed.given_back[:200] or waiting(pods, rollout)
     if observed.generation is not None:
         result["observedGeneration"] = observed.generation
     if rollout.revision:

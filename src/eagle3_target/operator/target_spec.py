@@ -12,7 +12,15 @@ from .disruption import Disruption
 
 # Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
 ROLLOUT_FIELDS = frozenset(
-    {"replicas", "max_surge", "max_unavailable", "partition", "progress_deadline_seconds", "disruption"}
+    {
+        "replicas",
+        "max_surge",
+        "max_unavailable",
+        "partition",
+        "progress_deadline_seconds",
+        "disruption",
+        "group_schedule_timeout_seconds",
+    }
 )
 ENGINES = ("hf", "sglang", "vllm")
 # Engines whose `serve` splits a replica over its GPUs (--tensor-parallel-size); sglang's runner runs one rank.
@@ -106,6 +114,10 @@ class TargetSpec:
     disruption: Disruption = Disruption()
     node_failure_tolerance_seconds: int = 60  # a replica is cheap to move and slow to wait for
     tolerate_gpu_taint: bool = True
+    nodes_per_replica: int = (
+        1  # K > 1: each replica is a group of K pods on K nodes (one leader, K-1 workers)
+    )
+    group_schedule_timeout_seconds: int = 600
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -171,6 +183,8 @@ class TargetSpec:
             disruption=Disruption.parse(spec.get("disruption")),
             node_failure_tolerance_seconds=int(spec.get("nodeFailureToleranceSeconds", 60)),
             tolerate_gpu_taint=bool(spec.get("tolerateGpuTaint", True)),
+            nodes_per_replica=int(spec.get("nodesPerReplica", 1)),
+            group_schedule_timeout_seconds=int(spec.get("groupScheduleTimeoutSeconds", 600)),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:
@@ -208,6 +222,7 @@ class TargetSpec:
         if self.node_failure_tolerance_seconds < 0:
             errors.append("nodeFailureToleranceSeconds must not be negative")
         errors += self.disruption.problems(self.replicas)
+        errors += self._group_problems()
         if self.aux_layer_ids is not None:
             if len(self.aux_layer_ids) != 3:
                 errors.append(f"auxLayerIds needs three layer ids, got {len(self.aux_layer_ids)}")
@@ -222,6 +237,24 @@ class TargetSpec:
             if len(sources) != 1:
                 errors.append("modelVolume needs exactly one of persistentVolumeClaim and volumeSource")
         return errors + self._template_problems()
+
+    def _group_problems(self) -> list[str]:
+        errors = []
+        if self.nodes_per_replica < 1:
+            errors.append("nodesPerReplica must be at least 1")
+        elif self.nodes_per_replica > 1 and self.engine not in TENSOR_PARALLEL_ENGINES:
+            errors.append(
+                f"engine {self.engine} cannot span {self.nodes_per_replica} nodes (nodesPerReplica); use "
+                f"one of {', '.join(TENSOR_PARALLEL_ENGINES)}"
+            )
+        if self.nodes_per_replica > 1 and self.surge_and_unavailable()[0] > 0:
+            errors.append(
+                "updateStrategy.maxSurge must be 0 with nodesPerReplica > 1: a surge group's leader would share "
+                "the DNS name its workers meet at with the leader of the group it replaces"
+            )
+        if self.group_schedule_timeout_seconds < 1:
+            errors.append("groupScheduleTimeoutSeconds must be at least 1")
+        return errors
 
     def _template_problems(self) -> list[str]:
         spec = self.pod_template.get("spec") or {}

@@ -1,5 +1,5 @@
-"""What the operator remembers of one target between passes: its last body, its lock, the pod writes its watch
-has not shown yet, and what pods stuck creating their containers wait on."""
+"""What the operator remembers of one target between passes: its last body, its lock, the pod writes the
+watch has not shown yet, FailedMount messages, and groups given back for want of nodes."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ class Tracked:
     created: dict[str, tuple[PodState, float]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
     mounts: dict[str, str] = field(default_factory=dict)  # pod -> its volume's FailedMount message
+    # groups given back for want of nodes: ordinal -> (not created again before, why)
+    held: dict[int, tuple[float, str]] = field(default_factory=dict)
 
     async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
         """On full passes: what pods stuck creating their containers wait on, from their Events."""
