@@ -30,6 +30,7 @@ from nemo_automodel.recipes.llm import train_eagle3 as nemo_recipe
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
+from eagle3_target.cli import main
 from eagle3_target.client import ServerError
 from eagle3_target.client.nemo import NeMoTargetBackend, TrainEagle3Recipe
 
@@ -275,6 +276,20 @@ def test_train_draft_trains_bit_identically_and_writes_a_checkpoint(
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (tmp_path / "checkpoints").exists()  # the override, not the YAML, named the directory
     assert_same_weights(final_weights(checkpoints), colocated_recipe)
+
+
+def test_a_draft_whose_dtype_is_not_the_fleets_is_refused_in_one_line(target, tmp_path, capsys):
+    """A CPU draft computes in float32, as NeMo's co-located target would: a bfloat16 fleet stops
+    train-draft at setup, before a step."""
+    server = start_fleet(target[0], ["127.0.0.7"], "--dtype", "bfloat16")[0]
+    try:
+        path = recipe_yaml(tmp_path, target, remote_target__endpoints=server.url)
+        assert main(["train-draft", "--config", str(path), "--remote_target.wait_timeout=30"]) == 2
+    finally:
+        server.kill()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("eagle3-target train-draft: error: draft float32, fleet bfloat16: serve the target")
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def initial_draft(recipe) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ from ._imports import nemo_module
 from .backend import NeMoTargetBackend
 from .family import FleetFamily, OfflineCache
 from .fleet_recipe import FleetRecipe
+from .fleet_target import check_dtype
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 _target = nemo_module("components.speculative.eagle.target")
@@ -97,6 +98,8 @@ class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
         self.target_wrapper.wait_for_servers(settings.wait_timeout)
+        # NeMo's co-located target computes in the draft's dtype: a fleet in another one is refused at setup
+        check_dtype(getattr(self, "compute_dtype", None), self.target_wrapper.model_info())
 
     def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
         if not self.parallel_drafting:

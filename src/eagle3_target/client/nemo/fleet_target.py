@@ -36,11 +36,11 @@ def one_time_weights(family: Family, compact: bool) -> tuple[str, ...]:
     return family.weights + extra
 
 
-def check_dtype(draft_dtype: torch.dtype, model_info: dict[str, Any]) -> None:
+def check_dtype(draft_dtype: torch.dtype | None, model_info: dict[str, Any]) -> None:
     """The draft computes on the fleet's tensors as they come: the two dtypes must agree (a server that
-    does not say its dtype is not checked)."""
+    does not say its dtype, or a recipe that has none yet, is not checked)."""
     fleet, draft = model_info.get("dtype"), str(draft_dtype).removeprefix("torch.")
-    if fleet and fleet != draft:
+    if fleet and draft_dtype is not None and fleet != draft:
         raise FleetMismatchError(
             f"draft {draft}, fleet {fleet}: serve the target with --dtype {draft}, or train where the draft's "
             f"dtype is {fleet} (NeMo's recipes compute in bfloat16 on a GPU, float32 on the CPU)"
