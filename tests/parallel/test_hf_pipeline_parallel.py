@@ -3,12 +3,33 @@ each stage runs the same operations in the same order as the one-device forward 
 capture is sent whole to rank 0 — the nemo encoding (also of a packed row), family feature requests, the
 lm_head rows and /weights/*; the same across two `serve` processes started as two nodes."""
 
+import contextlib
 import json
+import os
+import signal
+import time
+import urllib.error
 
 import pytest
 import torch
-from parallel_support import post, replies, two_serve_processes, write_split_llama
-from target_support import TargetProcess, free_port
+from parallel_support import OPENER, L, batch, children, post, replies, two_serve_processes, write_split_llama
+from target_support import TargetProcess, free_port, generate_body
+
+from eagle3_target.protocol import wire
+from eagle3_target.protocol.contract import FEATURES_HEADER
+from eagle3_target.protocol.families import family
+
+
+def answers(url: str) -> dict[str, torch.Tensor]:
+    """replies(), and layers that stop the pipeline early: in the first stage only (the second runs
+    nothing), the embedding output alone, and an unsorted pair that ends inside the second stage."""
+    got = replies(url)
+    ids, mask, loss = batch()
+    for layers in ([2, 0], [-1], [5, 1]):
+        header = family("dflash").ask(layers, L).to_header()
+        body = post(url, "generate", generate_body(ids, mask, loss), **{FEATURES_HEADER: header})
+        got.update({f"dflash{layers}.{k}": v for k, v in wire.decode(bytearray(body)).items()})
+    return got
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +40,7 @@ def model(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def one_device(model):
     server = TargetProcess("127.0.0.1", "--model", model).wait_ready(300)
-    yield replies(server.url)
+    yield answers(server.url)
     server.kill()
 
 
@@ -36,7 +57,7 @@ def test_pipeline_parallel_2_answers_bit_for_bit_as_one_device(model, one_device
     try:
         parallel = json.loads(post(server.url, "model_info"))["parallel"]
         assert parallel == {"tensor_parallel_size": 1, "pipeline_parallel_size": 2, "nnodes": 1}
-        assert_equal(replies(server.url), one_device)
+        assert_equal(answers(server.url), one_device)
     finally:
         server.kill()
 
@@ -54,4 +75,30 @@ def test_two_serve_processes_as_two_pipeline_stages_answer_as_one_device(model, 
     ]
     with two_serve_processes(flags) as (leader, _follower):
         leader.wait_ready(300)
-        assert_equal(replies(leader.url), one_device)
+        assert_equal(answers(leader.url), one_device)
+
+
+def health(url: str) -> int:
+    try:
+        with OPENER.open(f"{url}/health", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_dead_stage_makes_rank_0_answer_503_and_exit(model):
+    """rank_health.py's rule holds for stages as for shards (tests/parallel/test_rank_death.py)."""
+    server = TargetProcess("127.0.0.1", "--model", model, "--pipeline-parallel-size", "2")
+    try:
+        server.wait_ready(300)
+        (rank,) = children(server.process.pid)
+        start, seen = time.monotonic(), set()
+        os.kill(rank, signal.SIGKILL)
+        while server.process.poll() is None:
+            with contextlib.suppress(OSError):  # the listener closes as the process exits
+                seen.add(health(server.url))
+            assert time.monotonic() - start < 30, "rank 0 still running"
+            time.sleep(0.2)
+        assert 503 in seen and server.process.returncode != 0
+    finally:
+        server.kill()
