@@ -52,12 +52,30 @@ def assert_equal(split: dict, one: dict) -> None:
         assert torch.equal(got, want), f"{key}: {(got.double() - want.double()).abs().max().item():.2e}"
 
 
-def test_pipeline_parallel_2_answers_bit_for_bit_as_one_device(model, one_device):
+def health(url: str) -> int:
+    try:
+        with OPENER.open(f"{url}/health", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_pipeline_parallel_2_answers_bit_for_bit_as_one_device_and_dies_whole(model, one_device):
+    """Then a dead stage: rank_health.py's rule holds for stages as for shards (test_rank_death.py)."""
     server = TargetProcess("127.0.0.1", "--model", model, "--pipeline-parallel-size", "2").wait_ready(300)
     try:
         parallel = json.loads(post(server.url, "model_info"))["parallel"]
         assert parallel == {"tensor_parallel_size": 1, "pipeline_parallel_size": 2, "nnodes": 1}
         assert_equal(answers(server.url), one_device)
+        (rank,) = children(server.process.pid)
+        start, seen = time.monotonic(), set()
+        os.kill(rank, signal.SIGKILL)
+        while server.process.poll() is None:
+            with contextlib.suppress(OSError):  # the listener closes as the process exits
+                seen.add(health(server.url))
+            assert time.monotonic() - start < 30, "rank 0 still running"
+            time.sleep(0.2)
+        assert 503 in seen and server.process.returncode != 0
     finally:
         server.kill()
 
@@ -76,29 +94,3 @@ def test_two_serve_processes_as_two_pipeline_stages_answer_as_one_device(model, 
     with two_serve_processes(flags) as (leader, _follower):
         leader.wait_ready(300)
         assert_equal(answers(leader.url), one_device)
-
-
-def health(url: str) -> int:
-    try:
-        with OPENER.open(f"{url}/health", timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def test_a_dead_stage_makes_rank_0_answer_503_and_exit(model):
-    """rank_health.py's rule holds for stages as for shards (tests/parallel/test_rank_death.py)."""
-    server = TargetProcess("127.0.0.1", "--model", model, "--pipeline-parallel-size", "2")
-    try:
-        server.wait_ready(300)
-        (rank,) = children(server.process.pid)
-        start, seen = time.monotonic(), set()
-        os.kill(rank, signal.SIGKILL)
-        while server.process.poll() is None:
-            with contextlib.suppress(OSError):  # the listener closes as the process exits
-                seen.add(health(server.url))
-            assert time.monotonic() - start < 30, "rank 0 still running"
-            time.sleep(0.2)
-        assert 503 in seen and server.process.returncode != 0
-    finally:
-        server.kill()
