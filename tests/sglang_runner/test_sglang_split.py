@@ -11,30 +11,34 @@ from eagle3_target.server.options import UsageError
 from eagle3_target.server.parallel import ParallelLayout
 from eagle3_target.server.preflight import check_parallel
 from eagle3_target.server.ranks import RankSpec
-from eagle3_target.server.runners.sglang import SGLangRunner, build_model_runner, build_server_args
+from eagle3_target.server.runners.sglang import SGLangRunner
 from eagle3_target.server.runners.sglang_parallel import rank_options
 
 
-def fake_sglang() -> SimpleNamespace:
-    """Records what the runner hands SGLang's constructors."""
-    made = SimpleNamespace(ServerArgs=lambda **kw: SimpleNamespace(**kw), ModelRunner=lambda **kw: kw)
-    made.ModelConfig = SimpleNamespace(from_server_args=lambda server_args: "config")
-    for name in ("initialize_moe_config", "initialize_fp8_gemm_config", "initialize_fp4_gemm_config"):
-        setattr(made, name, lambda server_args: None)
-    made.get_free_port = lambda: 12345
-    return made
+def test_the_tensor_parallel_size_reaches_server_args_and_each_ranks_model_runner(fake_sglang):
+    for rank in range(2):
+        runner = SGLangRunner.build(
+            model="org/model",
+            dtype="bfloat16",
+            device=f"cuda:{rank}",
+            tp_rank=rank,
+            tp_size=2,
+            aux_layer_ids=None,
+            trust_remote_code=False,
+            mem_fraction_static=0.5,
+        )
+        made = fake_sglang.model_runners[-1]
+        assert (made["tp_rank"], made["tp_size"], made["gpu_id"]) == (rank, 2, rank)
+        assert (made["pp_rank"], made["pp_size"]) == (0, 1)
+        assert made["server_args"].tp_size == 2 and made["server_args"].base_gpu_id == 0
+        assert runner.model_runner.tp_size == 2
 
 
-def test_the_tensor_parallel_size_reaches_server_args_and_each_ranks_model_runner():
-    sgl = fake_sglang()
-    options = dict(dtype=torch.bfloat16, gpu_id=0, mem_fraction_static=0.5, trust_remote_code=False)
-    server_args = build_server_args(sgl, "org/model", tp_size=2, **options)
-    assert server_args.tp_size == 2 and server_args.base_gpu_id == 0
-    made = build_model_runner(sgl, server_args, gpu_id=1, tp_rank=1)
-    assert (made["tp_rank"], made["tp_size"], made["gpu_id"]) == (1, 2, 1)
-    assert (made["pp_rank"], made["pp_size"]) == (0, 1)
-    one = build_model_runner(sgl, build_server_args(sgl, "org/model", **options), gpu_id=0)
-    assert (one["tp_rank"], one["tp_size"]) == (0, 1)
+def test_one_device_stays_one_rank(fake_sglang):
+    SGLangRunner.load("org/model", dtype="bfloat16", device="cuda:1")
+    made = fake_sglang.model_runners[-1]
+    assert (made["tp_rank"], made["tp_size"], made["gpu_id"], made["server_args"].tp_size) == (0, 1, 1, 1)
+    assert made["server_args"].base_gpu_id == 1
 
 
 def test_each_rank_builds_on_its_own_gpu():
