@@ -112,7 +112,7 @@ def check_aux_layer_ids(ids: list[int] | None, layers: int) -> None:
 
 # engine -> what it can split: "tp" tensor parallel, "pp" pipeline parallel, "nodes" a replica over nodes
 CAN_SPLIT = {
-    "hf": {"tp", "nodes"},
+    "hf": {"tp", "pp", "nodes"},  # one of tp or pp at a time
     "vllm": {"tp", "pp", "nodes"},
     "sglang": {"tp"},  # GPU only, one node: SGLang's tensor parallel, as NeMo's serve_target --tp-size
     "synthetic": set(),
@@ -139,6 +139,11 @@ def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
         raise UsageError(
             f"--engine {engine} has no pipeline parallel: use --tensor-parallel-size "
             f"{layout.world_size} or --engine vllm"
+        )
+    if engine == "hf" and layout.tensor_parallel_size > 1 and layout.pipeline_parallel_size > 1:
+        raise UsageError(
+            "--engine hf splits a model one way at a time: give --tensor-parallel-size or "
+            "--pipeline-parallel-size, not both (or use --engine vllm)"
         )
     if layout.nnodes > 1 and "nodes" not in can:
         raise UsageError(f"--engine {engine} cannot span nodes: drop --nnodes or use --engine vllm")

@@ -1,4 +1,5 @@
-"""The hf engine split over ranks: transformers' tensor parallel plan, rank 0 leading every call.
+"""The hf engine split over ranks: transformers' tensor parallel plan (or pipeline stages,
+hf_pipeline.py), rank 0 leading every call.
 
 Every rank loads the model with ``tp_plan="auto"`` (each holds its shard of the projections,
 the embedding and the lm_head). Rank 0 is the runner the server sees: before each call it
@@ -38,6 +39,20 @@ def node_options(options: dict) -> dict:
     path = tempfile.mkdtemp(prefix="eagle3-tiny-")
     build_tiny_llama().save_pretrained(path)
     return {**options, "model": path, "name": EMBEDDED_MODEL}
+
+
+def split_runner(options: dict, rank: int, world_size: int, device: str):
+    """This rank's runner: a pipeline stage (hf_pipeline.py) or a tensor-parallel shard."""
+    from .hf import HFRunner
+
+    stages = options.get("pipeline_parallel_size", 1)
+    if stages > 1:
+        from .hf_pipeline import load_stage
+
+        dtype = resolve_dtype(options.get("dtype", "auto"), device)
+        return load_stage(options, rank, stages, device, dtype)
+    module, name = load_split_model(options, world_size, device)
+    return HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
 
 
 def load_split_model(options: dict, world_size: int, device: str):
@@ -136,30 +151,24 @@ class HFParallelRunner:
 
 def load(options: dict, layout: ParallelLayout) -> HFParallelRunner:
     """Rank 0: start the node's ranks, load this rank's shard, and lead."""
-    from .hf import HFRunner
-
     device = options.get("device", "cpu")
-    options = node_options(options)
+    options = {**node_options(options), "pipeline_parallel_size": layout.pipeline_parallel_size}
     group = join(layout, options, device)
-    module, name = load_split_model(options, layout.world_size, device)
-    inner = HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
-    log.info("rank 0 of %d leads the hf replica (tensor parallel %d)", layout.world_size, layout.world_size)
+    inner = split_runner(options, 0, layout.world_size, rank_device(device, 0))
+    log.info("rank 0 of %d leads the hf replica (%s)", layout.world_size, layout.describe())
     return HFParallelRunner(inner, group, layout)
 
 
 def follow(options: dict, layout: ParallelLayout) -> None:
     """A node-rank > 0 `serve`: start the node's other ranks, then follow rank 0 until the replica ends."""
-    options = node_options(options)
+    options = {**node_options(options), "pipeline_parallel_size": layout.pipeline_parallel_size}
     follow_group(join(layout, options, options.get("device", "cpu")), options)
 
 
 def follow_group(group: RankGroup, options: dict) -> None:
     """Load this rank's shard and run every call rank 0 broadcasts, until it says stop."""
-    from .hf import HFRunner
-
     device = rank_device(options.get("device", "cpu"), group.spec.local_rank)
-    module, name = load_split_model(options, group.spec.world_size, device)
-    follow_calls(group, HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids")), device)
+    follow_calls(group, split_runner(options, group.rank, group.spec.world_size, device), device)
 
 
 def follow_calls(group: RankGroup, runner, device: str) -> None:
