@@ -7,7 +7,8 @@ exactness, and tokens/s through one server against the bare forward, on the CPU.
 1. Bytes per token of each family's /generate reply (protocol/families) at NeMo's shapes: Qwen3-8B
    (36 layers, hidden 4096, vocab 151936) for DFlash (5 layers), JetSpec and DSpark; Llama-3.1-8B
    (32 layers, hidden 4096, vocab 128256) for P-EAGLE, EAGLE-1 and EAGLE-3 (draft vocabulary 32000),
-   bf16, B x S = 1 x 4096. Computed from the reply's shapes with the wire format's own entry headers
+   Qwen2.5-VL-7B's language model for ViSpec's two stages, MiniMax M3 VL's text model (60 layers, hidden
+   6144, vocab 200064) for DSpark-VLM (DSpark with multimodal: true; its request is text DSpark's), bf16, B x S = 1 x 4096. Computed from the reply's shapes with the wire format's own entry headers
    (on meta tensors: nothing is allocated), so they are the bytes the server sends; the smoke test
    checks them against a real reply. "compact" is the family's compact request: the post-norm hidden
    state instead of full-vocabulary logits, the trainer applying the lm_head (fetched once).
@@ -48,6 +49,7 @@ from engine_throughput import BENCH_LLAMA  # noqa: E402  (the sibling bench's mo
 QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, vocab_size=151936)
 LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, vocab_size=128256)
 QWEN25_VL_7B = dict(num_hidden_layers=28, hidden_size=3584, vocab_size=152064)  # its language model
+MINIMAX_M3_VL = dict(num_hidden_layers=60, hidden_size=6144, vocab_size=200064)  # its text model
 DRAFT_VOCAB = 32000
 # family -> (the target NeMo's recipe pairs it with here, target_layer_ids); any other family: DEFAULT_REAL
 REAL = {
@@ -61,6 +63,9 @@ REAL = {
     "vispec": ("Qwen2.5-VL-7B", QWEN25_VL_7B, []),  # the merged embedding output is layer -1
 }
 DEFAULT_REAL = REAL["dflash"]
+# a family's request again on an image-text target: label -> (family, target, shape, target_layer_ids).
+# DSpark with multimodal: true takes MiniMax M3 VL targets only; its request is text DSpark's.
+ON_VLM = {"dspark_vlm": ("dspark", "MiniMax-M3-VL", MINIMAX_M3_VL, [1, 16, 30, 44, 59])}  # (60, 5)
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
 
 
@@ -99,10 +104,16 @@ def requests(layer_ids: list[int], num_layers: int) -> dict[str, Features]:
     return out
 
 
+def targets() -> dict[str, tuple]:
+    """Each row of the bytes table: label -> (family, target, shape, target_layer_ids)."""
+    return {name: (family, *real(name)) for name, family in families().items()} | {
+        label: (families()[name], *rest) for label, (name, *rest) in ON_VLM.items()
+    }
+
+
 def bytes_table(seq: int = 4096) -> dict:
     rows = {}
-    for name, family in families().items():
-        model, shape, ids = real(name)
+    for name, (family, model, shape, ids) in targets().items():
         asks = {name: family.ask(ids, shape["num_hidden_layers"])}
         if family.compact is not None:
             asks[f"{name} compact"] = family.compact(ids, shape["num_hidden_layers"])
@@ -150,8 +161,9 @@ def interleaved(first, second, repeats: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> dict:
-    """Per request: seconds of the bare capture and of RemoteTargetBackend.capture through one server."""
+def through_server(runner, asks: dict[str, Features], batch, repeats: int, images=None) -> dict:
+    """Per request: seconds of the bare capture and of RemoteTargetBackend.capture through one server;
+    ``images`` an image-text batch's processor outputs, sent with every request."""
     from eagle3_target.client import PoolOptions, RemoteTargetBackend
     from eagle3_target.server.app import ServerOptions, TargetServer
 
@@ -170,8 +182,8 @@ def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> di
                     backend.set_vocab_mapping(draft, in_draft)
                 want = Capture.of(features)
                 bare, served = interleaved(
-                    lambda want=want: runner.capture(ForwardInputs(ids, mask), want),
-                    lambda backend=backend: backend.capture(ids, mask, loss),
+                    lambda want=want: runner.capture(ForwardInputs(ids, mask, **(images or {})), want),
+                    lambda backend=backend: backend.capture(ids, mask, loss, images=images),
                     repeats,
                 )
             out[label] = dict(bare_s=bare, server_s=served, ratio=bare / served)

@@ -53,7 +53,10 @@ def test_the_bench_runs_and_reports_every_family(tmp_path):
     assert result["compact_exactness"]["float32"]["identical"]
     for stage in ("vispec_stage1", "vispec"):  # Qwen2.5-VL-7B: the full-vocabulary logits dominate
         assert sizes[stage] > 152064 * 2 and sizes[f"{stage} compact"] < 16 * 1024
-    image_text = {"vispec", "vispec compact"}  # measured through a text-only server: left out
+    # MiniMax M3 VL: five bf16 layers; the last id is the post-norm hidden state, sent once
+    assert 5 * 6144 * 2 < sizes["dspark_vlm"] < 5 * 6144 * 2 + 1
+    # measured through a text-only server: left out (DSpark-VLM's request is text DSpark's, measured)
+    image_text = {"vispec", "vispec compact", "dspark_vlm"}
     assert set(result["through_one_server"]) == set(sizes) - image_text
     assert all(row["ratio"] > 0 for row in result["through_one_server"].values())
     assert "server/bare tokens/s" in proc.stdout

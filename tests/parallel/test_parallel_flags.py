@@ -55,10 +55,9 @@ def test_hf_splits_one_way_at_a_time():
     assert "larger than the model's 4 layers" in refusal("hf", pipeline_parallel_size=5)
 
 
-@pytest.mark.parametrize("engine", ["sglang", "synthetic"])
-def test_single_device_engines_refuse_any_split(engine):
+def test_the_single_device_engine_refuses_any_split():
     for layout in ({"tensor_parallel_size": 2}, {"nnodes": 2}):
-        assert f"--engine {engine} runs one device per replica" in refusal(engine, **layout)
+        assert "--engine synthetic runs one device per replica" in refusal("synthetic", **layout)
 
 
 @pytest.mark.parametrize("rank", [-1, 2])

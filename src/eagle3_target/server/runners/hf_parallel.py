@@ -89,22 +89,23 @@ def _whole(value):
     return value
 
 
-def _moved(value, device):
+def moved(value, device):
     """Call arguments on ``device``: rank 0 sends them from the CPU, each rank takes them to its own."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, ForwardInputs):
-        return ForwardInputs(*(_moved(getattr(value, f.name), device) for f in dataclasses.fields(value)))
+        return ForwardInputs(*(moved(getattr(value, f.name), device) for f in dataclasses.fields(value)))
     if isinstance(value, tuple):
-        return tuple(_moved(v, device) for v in value)
+        return tuple(moved(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
+        return {k: moved(v, device) for k, v in value.items()}
     return value
 
 
-def _run(runner, call, device):
+def run_call(runner, call, device):
+    """One broadcast call (name, args, kwargs) on this rank's runner, its result whole."""
     name, args, kwargs = call
-    return _whole(getattr(runner, name)(*_moved(args, device), **_moved(kwargs, device)))
+    return _whole(getattr(runner, name)(*moved(args, device), **moved(kwargs, device)))
 
 
 class HFParallelRunner:
@@ -116,8 +117,8 @@ class HFParallelRunner:
         self._device = inner.info.device
 
     def _everywhere(self, name: str, *args, **kwargs):
-        dist.broadcast_object_list([(name, _moved(args, "cpu"), _moved(kwargs, "cpu"))], src=0)
-        return _run(self.inner, (name, args, kwargs), self._device)
+        dist.broadcast_object_list([(name, moved(args, "cpu"), moved(kwargs, "cpu"))], src=0)
+        return run_call(self.inner, (name, args, kwargs), self._device)
 
     def forward(self, input_ids, attention_mask, **packed):
         return self._everywhere("forward", input_ids, attention_mask, **packed)
@@ -167,7 +168,11 @@ def follow(options: dict, layout: ParallelLayout) -> None:
 def follow_group(group: RankGroup, options: dict) -> None:
     """Load this rank's shard and run every call rank 0 broadcasts, until it says stop."""
     device = rank_device(options.get("device", "cpu"), group.spec.local_rank)
-    runner = split_runner(options, group.rank, group.spec.world_size, device)
+    follow_calls(group, split_runner(options, group.rank, group.spec.world_size, device), device)
+
+
+def follow_calls(group: RankGroup, runner, device: str) -> None:
+    """Run every call rank 0 broadcasts on this rank's ``runner``, until it says stop."""
     try:
         while True:
             box = [None]
@@ -175,7 +180,7 @@ def follow_group(group: RankGroup, options: dict) -> None:
             if box[0] is STOP:
                 return
             try:
-                _run(runner, box[0], device)
+                run_call(runner, box[0], device)
             except Exception:  # noqa: BLE001 - rank 0 met the same error and answers the client
                 log.debug("rank %d: call %s failed as on rank 0", group.rank, box[0][0], exc_info=True)
     finally:
