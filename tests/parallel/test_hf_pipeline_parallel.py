@@ -18,6 +18,7 @@ from target_support import TargetProcess, free_port, generate_body
 from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import FEATURES_HEADER
 from eagle3_target.protocol.families import family
+from eagle3_target.server.runners.hf_pipeline import stage_layers
 
 
 def answers(url: str) -> dict[str, torch.Tensor]:
@@ -50,6 +51,14 @@ def assert_equal(split: dict, one: dict) -> None:
         got = split[key]
         assert got.dtype == want.dtype and got.shape == want.shape, key
         assert torch.equal(got, want), f"{key}: {(got.double() - want.double()).abs().max().item():.2e}"
+
+
+@pytest.mark.parametrize("layers, stages", [(8, 2), (7, 2), (80, 3), (5, 5)])
+def test_stages_hold_contiguous_slices_the_later_ones_one_more(layers, stages):
+    slices = [stage_layers(s, stages, layers) for s in range(stages)]
+    assert [i for part in slices for i in part] == list(range(layers))
+    sizes = [len(part) for part in slices]
+    assert sizes == sorted(sizes) and sizes[-1] - sizes[0] <= 1
 
 
 def health(url: str) -> int:
