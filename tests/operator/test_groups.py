@@ -93,12 +93,21 @@ def test_a_group_is_a_leader_and_workers_with_names_labels_and_multi_node_args()
     assert leader["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] != "/livez"
 
 
-@pytest.mark.parametrize(("gpus", "tensor"), [(4, "8"), (0, "2")])
-def test_the_hf_engine_spans_nodes_with_tensor_parallel_alone(gpus, tensor):
+@pytest.mark.parametrize(("gpus", "split"), [(4, ["--tensor-parallel-size", "8"]), (1, ["--pipeline-parallel-size", "2"]), (0, ["--pipeline-parallel-size", "2"])])  # fmt: skip
+def test_the_hf_engine_spans_nodes_one_way_at_a_time(gpus, split):
+    """Pipeline stages across the nodes of one-GPU or CPU pods; one tensor-parallel group over all the GPUs
+    otherwise (hf does not combine the two)."""
     spec = target(engine="hf", gpusPerReplica=gpus)
     args = builders.pod(spec, "llama", "ml", 0, IMAGE, "", 1)["spec"]["containers"][0]["args"]
-    assert args[args.index("--tensor-parallel-size") + 1] == tensor and "--pipeline-parallel-size" not in args
-    assert args[args.index("--nnodes") + 1] == "2"
+    assert [a for a in args if a.endswith("-parallel-size")] == split[:1]
+    assert args[args.index(split[0]) + 1] == split[1] and args[args.index("--nnodes") + 1] == "2"
+
+
+@pytest.mark.parametrize("given", [["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"]])
+def test_an_hf_split_in_args_replaces_the_default_one(given):
+    spec = target(engine="hf", gpusPerReplica=1, args=given)
+    args = builders.pod(spec, "llama", "ml", 0, IMAGE, "", 1)["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.endswith("-parallel-size")] == given[:1]
 
 
 def test_args_that_set_a_split_win_and_a_recreated_group_keeps_its_leader_address():

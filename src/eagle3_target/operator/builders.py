@@ -102,17 +102,8 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
         args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
     if spec.auth_secret_name:
         args += ["--auth-token-file", f"{TOKEN_DIR}/token"]
-    return args + _tensor_parallel(spec) + list(spec.args)
-
-
-def _tensor_parallel(spec: TargetSpec) -> list[str]:
-    """Every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size unless `args` set one (for a
-    group of the hf engine, which has no pipeline parallel, the GPUs of all its pods)."""
-    given = any(a == "--tensor-parallel-size" or a.startswith("--tensor-parallel-size=") for a in spec.args)
-    size = groups.tensor_parallel_size(spec)
-    if size > 1 and not given:
-        return ["--tensor-parallel-size", str(size)]
-    return []
+    # every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size (groups.default_split)
+    return args + groups.split_args(spec, groups.TENSOR_FLAG) + list(spec.args)
 
 
 def _container_ports(spec: TargetSpec, ordinal: int) -> list[dict]:

@@ -14,8 +14,10 @@ GROUP_LABEL = f"{GROUP}/group"  # the leader pod's name: one value per group, ne
 RANK_LABEL = f"{GROUP}/rank"
 ROLE_LABEL = f"{GROUP}/role"
 LEADER, WORKER = "leader", "worker"
-# Engines whose replica splits into pipeline stages, one per node; hf's tensor-parallel group spans the nodes.
-PIPELINE_PARALLEL_ENGINES = ("vllm",)
+# Engines that combine tensor parallel within a node with pipeline parallel across nodes; hf splits a replica
+# one way at a time.
+TENSOR_AND_PIPELINE_ENGINES = ("vllm",)
+TENSOR_FLAG, PIPELINE_FLAG = "--tensor-parallel-size", "--pipeline-parallel-size"
 
 
 def spans_nodes(spec: TargetSpec) -> bool:
@@ -41,12 +43,24 @@ def leader_address(leader_hostname: str, subdomain: str, namespace: str, cluster
     return f"{leader_hostname}.{subdomain}.{namespace}.svc.{cluster_domain}"
 
 
-def tensor_parallel_size(spec: TargetSpec) -> int:
-    """vLLM's usual split: tensor parallel within a node; an engine without pipeline parallel spans the nodes
-    with its tensor-parallel group instead (one rank per GPU, or per node on CPU)."""
-    if spans_nodes(spec) and spec.engine not in PIPELINE_PARALLEL_ENGINES:
-        return max(spec.gpus_per_replica, 1) * spec.nodes_per_replica
-    return spec.gpus_per_replica
+def default_split(spec: TargetSpec) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes of a replica. vLLM's usual split: tensor parallel within a node,
+    pipeline parallel across nodes. hf, one way at a time: pipeline stages across the nodes of one-GPU (or
+    CPU) pods, which pass one hidden state per boundary; otherwise one tensor-parallel group over every GPU."""
+    gpus, nodes = spec.gpus_per_replica, spec.nodes_per_replica
+    if nodes == 1 or spec.engine in TENSOR_AND_PIPELINE_ENGINES:
+        return gpus, nodes
+    return (1, nodes) if gpus <= 1 else (gpus * nodes, 1)
+
+
+def split_args(spec: TargetSpec, flag: str) -> list[str]:
+    """`flag` with its default size, unless `args` set it (or, for an engine that splits one way at a time,
+    set the other split) or the size is 1."""
+    given = [f for f in (TENSOR_FLAG, PIPELINE_FLAG) if _given(spec.args, f)]
+    size = default_split(spec)[0 if flag == TENSOR_FLAG else 1]
+    if size <= 1 or flag in given or (given and spec.engine not in TENSOR_AND_PIPELINE_ENGINES):
+        return []
+    return [flag, str(size)]
 
 
 def _given(args: tuple[str, ...], flag: str) -> bool:
@@ -54,7 +68,7 @@ def _given(args: tuple[str, ...], flag: str) -> bool:
 
 
 def server_args(spec: TargetSpec, rank: int, master_addr: str, master_port: int) -> list[str]:
-    """The multi-node arguments; pipeline parallel across the nodes (vllm) unless `args` set a split."""
+    """The multi-node arguments, and pipeline parallel across the nodes where that is the default split."""
     result = [
         "--nnodes",
         str(spec.nodes_per_replica),
@@ -65,9 +79,7 @@ def server_args(spec: TargetSpec, rank: int, master_addr: str, master_port: int)
         "--master-port",
         str(master_port),
     ]
-    if spec.engine in PIPELINE_PARALLEL_ENGINES and not _given(spec.args, "--pipeline-parallel-size"):
-        result += ["--pipeline-parallel-size", str(spec.nodes_per_replica)]
-    return result
+    return result + split_args(spec, PIPELINE_FLAG)
 
 
 def with_anti_affinity(pod_spec: dict, group: str) -> dict:
