@@ -22,6 +22,15 @@ def vlm(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize("split", [["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"]])
+def test_a_split_vlm_replica_is_refused_before_loading(split, tmp_path):
+    Qwen2_5_VLConfig().save_pretrained(tmp_path)
+    line = refused("--engine", "hf", "--model", str(tmp_path), *split)
+    assert (
+        "is an image-text model (qwen2_5_vl); a replica split over ranks serves text-only targets" in line
+    ), line
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_engines_without_image_text_support_refuse_a_vlm_before_loading(engine, tmp_path):
     Qwen2_5_VLConfig().save_pretrained(tmp_path)  # the config alone decides; no weights to load

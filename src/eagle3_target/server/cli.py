@@ -264,6 +264,8 @@ def check(args: argparse.Namespace) -> None:
     preflight.check_engine(args.engine)
     preflight.check_device(args.device)
     layout = ParallelLayout.from_args(args)
+    if args.engine == "hf" and not layout.single:
+        preflight.refuse_image_text(args.engine, args.model, args.trust_remote_code, split=True)
     if args.engine == "synthetic":
         preflight.check_parallel(args.engine, layout)
         preflight.check_aux_layer_ids(args.aux_layer_ids, 32)  # the synthetic runner's layer count

@@ -27,9 +27,10 @@ def check_engine(engine: str) -> None:
         )
 
 
-def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool) -> None:
-    """Only the hf engine loads image-text checkpoints: any other refuses one from its config alone."""
-    if engine == "hf" or model is None:
+def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool, split: bool = False) -> None:
+    """Only the hf engine loads image-text checkpoints, on one device: any other engine, or a split replica,
+    refuses one from its config alone."""
+    if (engine == "hf" and not split) or model is None:
         return
     from .runners.hf_vlm import is_image_text, read_config
 
@@ -37,6 +38,11 @@ def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool) -
         config = read_config(model, trust_remote_code)
     except (OSError, ValueError):
         return  # num_hidden_layers() names the unreadable config
+    if is_image_text(config) and engine == "hf":
+        raise UsageError(
+            f"--model {model} is an image-text model ({config.model_type}); a replica split over ranks "
+            "serves text-only targets: drop --tensor-parallel-size, --pipeline-parallel-size and --nnodes"
+        )
     if is_image_text(config):
         raise UsageError(
             f"--model {model} is an image-text model ({config.model_type}); "
