@@ -16,6 +16,7 @@ import pytest
 from eagle3_target.client import PoolOptions
 from eagle3_target.client import dispatch as dispatch_module
 from eagle3_target.client import failover as failover_module
+from eagle3_target.client.agreement import Agreement
 from eagle3_target.client.connection import RequestRejected, ServerError
 from eagle3_target.client.dispatch import TargetPool
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
@@ -23,6 +24,8 @@ from eagle3_target.client.errors import BatchFailedError
 from eagle3_target.client.members import Member, MemberState
 from eagle3_target.client.p2p import P2PUnavailable
 from eagle3_target.protocol import encodings
+from eagle3_target.protocol.features import Features
+from eagle3_target.protocol.model_info import ModelInfo
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -416,6 +419,8 @@ async def test_every_silent_server_is_hedged_in_turn_and_slots_are_counted_not_s
 
 
 async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_features(monkeypatch, caplog):
+    # each member's agreement holds the feature request it was admitted for
+    features = Features(layers=(1,))
     calls = []
 
     async def fetch_capture(conn, agreement, request, shape, blob, features):
@@ -427,8 +432,10 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
     monkeypatch.setattr(dispatch_module, "fetch_capture", fetch_capture)
     async with pool_of(2, hedge_after=0.2, deadline=5.0) as pool:
         a, b = members(pool)
-        pool.membership.vocab_blob, features = b"mapping", object()
-        assert await pool.capture(b"request", 2, 16, 96, features) == "captured"
+        for member in (a, b):
+            member.agreement = Agreement(ModelInfo(8, 64, 512, (1, 3, 4)), features=features)
+        pool.membership.vocab_blob = b"mapping"
+        assert await pool.capture(b"request", 2, 16, 96) == "captured"
     assert calls == [(url, b"request", (2, 16, 96), b"mapping", features) for url in (a.url, b.url)]
     assert pool.hedges == 1
     assert f"{a.url} has not answered /generate for 0.2s" in caplog.text

@@ -12,7 +12,7 @@ from target_support import served
 
 from eagle3_target.client import FeatureError, Features, PoolOptions, RemoteTargetBackend
 from eagle3_target.protocol import wire
-from eagle3_target.protocol.contract import FEATURES_HEADER
+from eagle3_target.protocol.contract import FEATURES_HEADER, REQUEST_ID_HEADER
 from eagle3_target.protocol.families import family
 from eagle3_target.server.app import TargetServer
 from eagle3_target.server.runners.base import Capture, ForwardInputs
@@ -121,3 +121,54 @@ def test_every_family_request_is_served_by_the_synthetic_runner(farm):
         assert tuple(got) == features.reply_keys, name
         doc = json.loads(features.to_header())
         assert Features.from_header(json.dumps(doc)) == features
+
+
+class Recording(TargetServer):
+    """Keeps each /generate's headers and body."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: list[tuple[dict[str, str], bytes]] = []
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        self.asked.append(({k.lower(): v for k, v in request.headers.items()}, bytes(await request.read())))
+        return await super().generate(request)
+
+
+def stock_runner() -> SyntheticRunner:
+    """A server whose /model_info reads as a stock NeMo server's: no encodings, features or weights."""
+    runner = SyntheticRunner()
+    runner.info = dataclasses.replace(runner.info, encodings=("nemo",), features=(), weights=())
+    return runner
+
+
+@pytest.mark.parametrize("stock", [True, False], ids=["stock-nemo", "ours"])
+def test_eagle3s_feature_request_is_sent_as_nemos_generate_and_equals_generate_batch(farm, stock):
+    url = farm.start("127.0.0.2", server_type=Recording, loader=stock_runner if stock else None)
+    eagle3, (ids, mask, loss), vocab = family("eagle3"), make_batch(3), draft_vocab()
+    with RemoteTargetBackend(
+        url, options=FAST, features=lambda info: eagle3.ask(info.aux_layer_ids, info.num_hidden_layers)
+    ) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        batch = backend.generate_batch(ids, mask, loss)
+        got = backend.capture(ids, mask, loss)
+        assert backend.encodings[url] == ("nemo" if stock else "logits")
+    assert tuple(got) == eagle3.ask([1, 15, 28], 32).reply_keys
+    assert torch.equal(got.pop("hidden_states"), batch.aux_hidden_states)
+    assert all(torch.equal(value, getattr(batch, key)) for key, value in got.items())
+    (generate_headers, generate_body), (capture_headers, capture_body) = farm.server(url).asked
+    assert capture_body == generate_body  # the bytes generate_batch sends, NeMo's own request
+    request_id = REQUEST_ID_HEADER.lower()
+    assert {k: v for k, v in capture_headers.items() if k != request_id} == {
+        k: v for k, v in generate_headers.items() if k != request_id
+    }
+    assert FEATURES_HEADER.lower() not in capture_headers
+    other_layers = eagle3.ask([2, 3, 4], 32)  # not the server's aux layers: a feature request proper
+    if stock:
+        with pytest.raises(FeatureError, match="offers no feature requests"):
+            RemoteTargetBackend(url, options=FAST, features=other_layers)
+        return
+    with RemoteTargetBackend(url, options=FAST, features=other_layers) as backend:
+        backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+        assert tuple(backend.capture(ids, mask, loss)) == other_layers.reply_keys
+    assert farm.server(url).asked[-1][0][FEATURES_HEADER.lower()] == other_layers.to_header()

@@ -6,12 +6,13 @@ quarantine) gets a new agreement, and its old channel is closed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from eagle3_target.protocol import contract, encodings
-from eagle3_target.protocol.features import CAN_PACKING, Features
+from eagle3_target.protocol.features import CAN_PACKING, Features, supervision_request
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .p2p import P2PChannel, wanted
@@ -23,6 +24,9 @@ class Agreement:
     encoding: str = encodings.NEMO
     p2p: P2PChannel | None = None
     features: Features | None = None  # the feature request it can serve (checked at join)
+    # The request is EAGLE-3's supervision of this server's own aux layers: asked as NeMo asks, in ``encoding``
+    # (no features header), so a stock NeMo server gets NeMo's bytes and serves it.
+    supervised: bool = False
 
     @classmethod
     def make(
@@ -32,12 +36,12 @@ class Agreement:
         encoding: str,
         data_path: str,
         timeout: float,
-        features: Features | None = None,
+        features: Features | Callable[[ModelInfo], Features] | None = None,
         packing: bool = False,
     ) -> Agreement:
         """The terms for a server offering ``info``: ``encoding`` as asked ("auto" allowed; EncodingError
         if it does not offer it), a p2p channel where ``data_path`` and its offer allow one, and
-        ``features`` if it can serve them (FeatureError if not); with ``packing``, EncodingError unless
+        ``features`` (or ``features(info)``) if it can serve them (FeatureError if not); with ``packing``, EncodingError unless
         it honours NeMo's packed rows."""
         if packing and CAN_PACKING not in (info.features or ()):
             raise encodings.EncodingError(
@@ -45,10 +49,13 @@ class Agreement:
                 "packed training needs hf servers"
             )
         chosen = encodings.choose(encoding, encodings.offered(info), url)
-        if features is not None:
+        if callable(features):
+            features = features(info)
+        supervised = features is not None and features == supervision_request(info.aux_layer_ids)
+        if features is not None and not supervised:
             features.check(info.num_hidden_layers, info.features, url)
         channel = P2PChannel(url, info, data_path, timeout=timeout) if wanted(info, data_path) else None
-        return cls(info, chosen, channel, features)
+        return cls(info, chosen, channel, features, supervised)
 
     @property
     def dtype(self) -> torch.dtype | None:

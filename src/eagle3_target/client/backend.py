@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from eagle3_target.protocol import encodings, wire
+from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
 from eagle3_target.protocol.features import WEIGHT_NAMES, Features
 
-from .capture import CaptureHandle, request_body
+from .capture import CaptureHandle, decoded, request_body
 from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
@@ -71,13 +71,10 @@ class BatchHandle(PendingHandle):
         """Decode the (already checked) reply on the caller's device: for "logits" the same ops, in the
         same dtype, as the server runs for "nemo", so the batch is bit-identical on the same device."""
         reply: Reply = self._pending.result(timeout)
-        tensors = {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
-        inputs = {k: v.to(self._device) for k, v in self._inputs.items()}
-        rows = None if reply.head_rows is None else self._on_device(reply.head_rows, self._device)
-        supervision = encodings.decode(
-            reply.encoding, tensors, inputs["input_ids"], inputs["loss_mask"], rows
-        )
-        return TargetBatch(attention_mask=inputs["attention_mask"], **supervision, **self._packing)
+        ids, loss = self._inputs["input_ids"], self._inputs["loss_mask"]
+        supervision = decoded(reply, ids, loss, self._device, self._on_device)
+        attention_mask = self._inputs["attention_mask"].to(self._device)
+        return TargetBatch(attention_mask=attention_mask, **supervision, **self._packing)
 
 
 class _DeviceCache:
@@ -248,8 +245,9 @@ class RemoteTargetBackend:
         given = (input_ids, attention_mask, loss_mask)
         body = request_body(self.pool.reference, given, position_ids, seq_lens, images)
         batch, seq = input_ids.shape
-        reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab, features)
-        return CaptureHandle(self._loop.submit(reply), self.device or input_ids.device)
+        reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab)
+        device = self.device or input_ids.device
+        return CaptureHandle(self._loop.submit(reply), device, body, self._head_rows)
 
     def capture(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """``capture_async(...).result()``."""

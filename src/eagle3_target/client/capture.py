@@ -1,30 +1,58 @@
-"""A pending feature capture on the trainer's side (RemoteTargetBackend.capture_async)."""
+"""A pending feature capture on the trainer's side (RemoteTargetBackend.capture_async), and EAGLE-3's
+supervision decoded on the caller's device, which a capture of it and generate_batch share."""
 
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 
 import torch
 
+from eagle3_target.protocol import encodings
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS, IMAGE_KEYS
-from eagle3_target.protocol.features import CAN_PACKING
+from eagle3_target.protocol.features import CAN_PACKING, KEY_HIDDEN
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .fetch import Reply
 from .handles import PendingHandle
 
+OnDevice = Callable[[torch.Tensor, torch.device], torch.Tensor]  # a host tensor's (cached) copy on a device
+
+
+def decoded(
+    reply: Reply, input_ids: torch.Tensor, loss_mask: torch.Tensor, device: torch.device, on_device: OnDevice
+) -> dict[str, torch.Tensor]:
+    """EAGLE-3's five supervision tensors from a checked reply in its encoding, computed on ``device``: for
+    "logits" the same ops, in the same dtype, as the server runs for "nemo", so bit-identical on one device."""
+    tensors = {k: v.to(device, non_blocking=True) for k, v in reply.tensors.items()}
+    rows = None if reply.head_rows is None else on_device(reply.head_rows, device)
+    return encodings.decode(reply.encoding, tensors, input_ids.to(device), loss_mask.to(device), rows)
+
 
 class CaptureHandle(PendingHandle):
-    """A pending capture: ``result()`` blocks until the reply's tensors are on the caller's device."""
+    """A pending capture: ``result()`` blocks until the reply's tensors are on the caller's device.
 
-    def __init__(self, future: concurrent.futures.Future, device: torch.device):
+    A server that served the request as EAGLE-3's supervision (Agreement.supervised) sent it in the agreed
+    encoding: decoded here from the request's ``inputs``, its aux states named "hidden_states"."""
+
+    def __init__(
+        self,
+        future: concurrent.futures.Future,
+        device: torch.device,
+        inputs: dict[str, torch.Tensor],
+        on_device: OnDevice,
+    ):
         super().__init__(future)
-        self._device = device
+        self._device, self._inputs, self._on_device = device, inputs, on_device
 
     def result(self, timeout: float | None = None) -> dict[str, torch.Tensor]:
         """The checked reply by key, in the order Features.reply_keys names."""
         reply: Reply = self._pending.result(timeout)
-        return {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
+        if reply.features is not None:
+            return {k: v.to(self._device, non_blocking=True) for k, v in reply.tensors.items()}
+        ids, loss = self._inputs["input_ids"], self._inputs["loss_mask"]
+        supervision = decoded(reply, ids, loss, self._device, self._on_device)
+        return {KEY_HIDDEN: supervision.pop("aux_hidden_states"), **supervision}
 
 
 def image_inputs(

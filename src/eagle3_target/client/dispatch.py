@@ -11,7 +11,6 @@ import aiohttp
 import torch
 
 from eagle3_target.protocol import encodings
-from eagle3_target.protocol.features import Features
 from eagle3_target.protocol.model_info import ModelInfo
 
 from .connection import ServerConnection
@@ -86,26 +85,30 @@ class TargetPool(Failover):
     # -- the calls callers make ------------------------------------------------------------
 
     async def generate(self, request: bytes, batch: int, seq: int, draft_vocab: int) -> Reply:
+        shape = (batch, seq, draft_vocab)
+        return await self.with_failover(
+            lambda m: self._supervise(m, request, shape), what="/generate", hedge=True
+        )
+
+    async def capture(self, request: bytes, batch: int, seq: int, draft_vocab: int) -> Reply:
+        """The options' feature request: as NeMo's /generate where it is a server's supervision (Agreement)."""
+
         async def call(member: Member) -> Reply:
-            agreement, blob = member.agreement, self.membership.vocab_blob
-            reply = await fetch_supervision(member.conn, agreement, request, (batch, seq, draft_vocab), blob)
-            if reply.encoding == encodings.HIDDEN:
-                rows = await self._head_rows.get(
-                    blob, lambda: fetch_lm_head(member.conn, agreement, draft_vocab)
-                )
-                reply = dataclasses.replace(reply, head_rows=rows)
-            return reply
+            agreement, shape = member.agreement, (batch, seq, draft_vocab)
+            if agreement.supervised:
+                return await self._supervise(member, request, shape)
+            blob = self.membership.vocab_blob
+            return await fetch_capture(member.conn, agreement, request, shape, blob, agreement.features)
 
         return await self.with_failover(call, what="/generate", hedge=True)
 
-    async def capture(
-        self, request: bytes, batch: int, seq: int, draft_vocab: int, features: Features
-    ) -> Reply:
-        async def call(member: Member) -> Reply:
-            blob, shape = self.membership.vocab_blob, (batch, seq, draft_vocab)
-            return await fetch_capture(member.conn, member.agreement, request, shape, blob, features)
-
-        return await self.with_failover(call, what="/generate", hedge=True)
+    async def _supervise(self, member: Member, request: bytes, shape: tuple[int, int, int]) -> Reply:
+        agreement, blob = member.agreement, self.membership.vocab_blob
+        reply = await fetch_supervision(member.conn, agreement, request, shape, blob)
+        if reply.encoding == encodings.HIDDEN:
+            rows = await self._head_rows.get(blob, lambda: fetch_lm_head(member.conn, agreement, shape[2]))
+            reply = dataclasses.replace(reply, head_rows=rows)
+        return reply
 
     async def weight(self, name: str) -> torch.Tensor:
         return await self.with_failover(

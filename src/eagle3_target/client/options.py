@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from eagle3_target.protocol import contract, encodings
 from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.features import Features
+from eagle3_target.protocol.model_info import ModelInfo
 
 POLICIES = ("least-loaded", "round-robin")
 
@@ -38,9 +40,10 @@ class PoolOptions:
     hedge_p99_factor: float = 5.0
     # "auto": per server, "logits" when offered, else "nemo" (both exact, so a mixed fleet agrees bit for bit)
     encoding: str = encodings.AUTO
-    # A feature request (protocol/features.py) every server must be able to serve, checked at join;
-    # RemoteTargetBackend.capture asks it. None: EAGLE-3's supervision only.
-    features: Features | None = None
+    # A feature request (protocol/features.py) every server must be able to serve, checked at join, or the
+    # request as a function of a server's /model_info (EAGLE-3 asks for the server's own aux layers, as NeMo's
+    # remote target does); RemoteTargetBackend.capture asks it. None: EAGLE-3's supervision only.
+    features: Features | Callable[[ModelInfo], Features] | None = None
     # True: generate_batch may carry NeMo's packing metadata; a server that cannot honour it is refused at join
     packing: bool = False
     # This job's X-Eagle3-Priority class (contract.PRIORITIES), its share of a server while others wait.

@@ -210,3 +210,9 @@ class Features:
         elif self.logits == LOGITS_DRAFT_PROBS:
             keys += ["target_probs", "position_mask", "input_ids", "loss_mask"]
         return tuple(keys) + ((KEY_IMAGE_MASK,) if self.image_mask else ())
+
+
+def supervision_request(aux_layer_ids) -> Features:
+    """EAGLE-3's supervision as a feature request: its aux layers unshifted and draft_probs. Asked of a server
+    whose own aux layers these are, a client sends it as NeMo does (no header, the negotiated encoding)."""
+    return Features(layers=tuple(aux_layer_ids), logits=LOGITS_DRAFT_PROBS, shift=True)

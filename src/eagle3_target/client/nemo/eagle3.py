@@ -1,6 +1,6 @@
-"""EAGLE-3 (NeMo's TrainEagle3Recipe) with the fleet as its remote target: NeMo's own remote interface
-(backend.py), its batch the negotiated encoding's. With ``recipe_args.parallel_drafting: true`` the same class
-trains P-EAGLE (peagle.py), whose target this recipe's co-located hook opens.
+"""EAGLE-3 (NeMo's TrainEagle3Recipe) with the fleet as its remote target: EAGLE-3's fleet target (backend.py),
+a FleetTarget like every family's, its request the fleet's own aux layers. With ``recipe_args.parallel_drafting: true``
+the same class trains P-EAGLE (peagle.py), whose target this recipe's co-located hook opens.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ._imports import nemo_module
 from .backend import NeMoTargetBackend
 from .family import FleetFamily, OfflineCache
 from .fleet_recipe import FleetRecipe
-from .fleet_target import check_dtype
+from .fleet_target import FleetTarget, check_dtype
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 _target = nemo_module("components.speculative.eagle.target")
@@ -80,7 +80,7 @@ class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
 
     def _prefetched_batches(self, dataloader):
         # NeMo's prefetch loop passes the target input_ids, attention_mask and loss_mask only
-        if isinstance(self.target_wrapper, NeMoTargetBackend):
+        if isinstance(self.target_wrapper, FleetTarget):
             dataloader = self.target_wrapper.noting_packing(dataloader)
         return super()._prefetched_batches(dataloader)
 
@@ -120,7 +120,7 @@ FAMILY = FleetFamily(
     name="eagle3",
     recipes=("TrainEagle3Recipe",),
     replaces="RemoteEagle3TargetModel",
-    target=None,
+    target=NeMoTargetBackend,
     offline_cache=OfflineCache(
         write_offline_cache,
         flags={"draft_vocab_size": None, "target_probs_topk": 0, "aux_layer_ids": None, "encoding": AUTO}

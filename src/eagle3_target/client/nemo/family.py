@@ -31,9 +31,9 @@ class FleetFamily:
     name: str  # protocol/families/<name>.py and client/nemo/<name>.py
     recipes: tuple[str, ...]  # NeMo AutoModel 0.7.0's recipe classes it trains
     replaces: str  # NeMo's co-located target wrapper that the fleet stands in for
-    # The class the recipe calls as it calls ``replaces``; its ``to_batch`` builds NeMo's batch from a capture.
-    # None: NeMo's EAGLE-3 remote backend interface (backend.py), whose batch is the negotiated encoding's.
-    target: type | None
+    # The FleetTarget the recipe calls as it calls ``replaces``; its ``to_batch`` builds NeMo's batch from a capture.
+    # FleetRecipe.open_fleet_target opens it, but EAGLE-3's (NeMoTargetBackend) opens from endpoints, as NeMo's does.
+    target: type
     # A recipe_args flag that picks this family inside a recipe another family defines (P-EAGLE is
     # TrainEagle3Recipe with parallel_drafting: true); None: the recipe classes are this module's.
     selected_by: str | None = None

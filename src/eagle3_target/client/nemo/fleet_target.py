@@ -9,7 +9,8 @@ trainer's device with the same ops, so a batch is bit-identical to NeMo's when t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -19,11 +20,13 @@ from eagle3_target.protocol.features import KEY_FINAL, WEIGHT_INPUT_EMBEDDINGS, 
 
 from ..backend import RemoteTargetBackend
 from ..handles import MappedHandle
-from .backend import split_options
 from .interface import BatchInputs, NeMoTarget
 from .prefetch import PrefetchedBatches, image_inputs
 from .ranks import fetched_weights
-from .remote import RemoteTargetSettings
+from .remote import RemoteTargetSettings, split_options
+
+# What NeMo's packed dataloader adds to a batch and its targets take
+PACKING_BATCH_KEYS = ("position_ids", "seq_lens", "doc_remaining")
 
 
 class FleetMismatchError(ValueError):
@@ -49,27 +52,38 @@ def check_dtype(draft_dtype: torch.dtype | None, model_info: dict[str, Any]) -> 
 
 def open_backend(
     family: Family,
-    device: torch.device,
+    device: torch.device | None,
     settings: RemoteTargetSettings,
-    layers: Sequence[int] = (),
+    layers: Sequence[int] | None = (),
     num_layers: int = 0,
     draft_dtype: torch.dtype | None = None,
+    fetch_weights: bool = True,
 ) -> tuple[RemoteTargetBackend, dict[str, torch.Tensor]]:
     """RemoteTargetBackend asking the fleet for what ``family`` asks (its compact request if the settings
-    say so), once every server that discovery found has joined (or failed to); its dtype checked against
-    ``draft_dtype``; and the family's one-time weights on ``device``, fetched once per job however many
-    ranks run."""
+    say so) of ``layers``, or, with None, of each server's own aux layers (EAGLE-3, as NeMo's remote target
+    takes them), once every server that discovery found has joined (or failed to); its dtype checked against
+    ``draft_dtype``; and (``fetch_weights``) the family's one-time weights on ``device``, fetched once per
+    job however many ranks run."""
     pool, backend_kwargs = split_options(settings.client_options)
     backend_kwargs.setdefault("device", device)
-    features = (family.compact if settings.compact else family.ask)(layers, num_layers)
+    ask = family.compact if settings.compact else family.ask
+    features = (
+        ask(layers, num_layers)
+        if layers is not None
+        else lambda info: ask(info.aux_layer_ids, info.num_hidden_layers)
+    )
     backend = RemoteTargetBackend(
         settings.endpoints, auth_token=settings.auth_token, options=pool, features=features, **backend_kwargs
     )
     try:
-        backend.wait_for_servers(settings.wait_timeout)
+        if settings.wait_timeout:
+            backend.wait_for_servers(settings.wait_timeout)
         if draft_dtype is not None:
             check_dtype(draft_dtype, backend.model_info())
-        return backend, fetched_weights(backend, one_time_weights(family, settings.compact), device)
+        if not fetch_weights:
+            return backend, {}
+        names = one_time_weights(family, settings.compact)
+        return backend, fetched_weights(backend, names, device or torch.device("cpu"))
     except BaseException:
         backend.close()
         raise
@@ -87,19 +101,20 @@ class FleetTarget(NeMoTarget):
         self,
         backend: RemoteTargetBackend,
         weights: dict[str, torch.Tensor],
-        device: torch.device,
+        device: torch.device | None,
         settings: RemoteTargetSettings,
-        target_layer_ids: Sequence[int] = (),
+        target_layer_ids: Sequence[int] | None = (),
         num_layers: int = 0,
     ):
         self.backend = backend
-        self.device = device
+        self.device = device  # None: each batch where its input_ids are
         self.compact = settings.compact  # the reply has the final hidden state; the logits are computed here
         self.prefetched = PrefetchedBatches(backend, settings.prefetch_depth)
-        self.target_layer_ids = list(target_layer_ids)  # NeMo saves them (DFlash's dflash_meta.pt)
+        self.target_layer_ids = list(target_layer_ids or ())  # NeMo saves them (DFlash's dflash_meta.pt)
         self.num_layers = num_layers
         self._weights = weights  # open_backend's, fetched at setup on every rank alike
         self._modules: dict[str, torch.nn.Module] = {}
+        self._noted: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
 
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
         raise NotImplementedError(f"{type(self).__name__} builds no batch")
@@ -151,12 +166,25 @@ class FleetTarget(NeMoTarget):
         return self.to_batch(self._on_device(captured), inputs)
 
     def generate_batch_async(self, input_ids, attention_mask, loss_mask) -> MappedHandle:
-        """For NeMo's EAGLE-3 prefetch loop (P-EAGLE), which passes these three only."""
+        """For NeMo's EAGLE-3 prefetch loop (EAGLE-3, P-EAGLE), which passes these three only; a packed batch's
+        metadata comes from ``noting_packing``."""
         inputs = BatchInputs(input_ids, attention_mask, loss_mask)
-        handle = self.backend.capture_async(input_ids, attention_mask, loss_mask)
+        if self._noted is not None and self._noted[0] is input_ids:
+            inputs = dataclasses.replace(inputs, **self._noted[1])
+        handle = self.backend.capture_async(input_ids, attention_mask, loss_mask, **inputs.packing)
         return MappedHandle(handle, lambda captured: self.to_batch(self._on_device(captured), inputs))
 
+    def noting_packing(self, batches: Iterable[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+        """NeMo's dataloader batches, each packed one's metadata noted under its input_ids: NeMo's prefetch
+        loop hands generate_batch_async only input_ids, attention_mask and loss_mask, right after each batch."""
+        for batch in batches:
+            if "seq_lens" in batch:
+                self._noted = (batch["input_ids"], {k: batch[k] for k in PACKING_BATCH_KEYS})
+            yield batch
+
     def _on_device(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.device is None:
+            return captured
         return {k: v.to(self.device, non_blocking=True) for k, v in captured.items()}
 
     # -- the rest of NeMo's backend surface ---------------------------------------------------
@@ -172,3 +200,9 @@ class FleetTarget(NeMoTarget):
     def close(self) -> None:
         self.prefetched.cancel()
         self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

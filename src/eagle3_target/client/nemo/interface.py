@@ -1,6 +1,5 @@
-"""NeMo's target-wrapper call, written once for the trainer's two fleet targets: `NeMoTargetBackend`
-(EAGLE-3 through NeMo's remote backend interface, backend.py) and `FleetTarget` (every family whose batch is
-built from a capture, fleet_target.py). Each turns one `BatchInputs` into NeMo's batch."""
+"""NeMo's target-wrapper call as its recipes make it, written once for the trainer's one fleet target,
+`FleetTarget` (fleet_target.py), whose family subclass turns one `BatchInputs` into NeMo's batch."""
 
 from __future__ import annotations
 

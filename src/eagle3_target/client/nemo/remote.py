@@ -13,13 +13,32 @@ remote_target:
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from ..backend import RemoteTargetBackend
 from ..endpoints import EndpointError, default_spec, parse_specs, read_auth_token
-from .backend import split_options
+from ..options import PoolOptions
 
 DEFAULT_WAIT_TIMEOUT = 60.0
+POOL_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(PoolOptions))
+BACKEND_OPTION_NAMES = frozenset(inspect.signature(RemoteTargetBackend).parameters) - {
+    "endpoints",
+    "auth_token",
+    "options",
+}
+
+
+def split_options(options: dict[str, Any]) -> tuple[PoolOptions, dict[str, Any]]:
+    """One flat set of client options -> (PoolOptions, RemoteTargetBackend keyword arguments)."""
+    unknown = set(options) - POOL_OPTION_NAMES - BACKEND_OPTION_NAMES
+    if unknown:
+        known = ", ".join(sorted(POOL_OPTION_NAMES | BACKEND_OPTION_NAMES))
+        raise ValueError(f"unknown client option(s) {', '.join(sorted(unknown))}; known: {known}")
+    pool = PoolOptions(**{k: v for k, v in options.items() if k in POOL_OPTION_NAMES})
+    return pool, {k: v for k, v in options.items() if k not in POOL_OPTION_NAMES}
 
 
 def seed_setting(value: Any) -> int | None:
@@ -46,7 +65,7 @@ def compact_setting(value: Any) -> bool:
 class RemoteTargetSettings:
     endpoints: str | list[str]
     auth_token: str | None
-    # PoolOptions fields and RemoteTargetBackend's keyword arguments, in one flat set (backend.split_options)
+    # PoolOptions fields and RemoteTargetBackend's keyword arguments, in one flat set (split_options)
     client_options: dict[str, Any]
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
     seed: int | None = None

@@ -1,13 +1,14 @@
 """EAGLE-3 (NeMo's TrainEagle3Recipe): three aux layers, target_probs over the draft vocabulary, shifted.
 
-The same tensors as the "nemo" encoding, whose path a stock client takes without any request.
+The same tensors as the "nemo" encoding: asked of a server whose own aux layers they are, the request goes
+as NeMo's (no header, the negotiated encoding; client/agreement.py), so a stock NeMo server serves it.
 """
 
-from ..features import LOGITS_DRAFT_PROBS, WEIGHT_INPUT_EMBEDDINGS, Features
+from ..features import WEIGHT_INPUT_EMBEDDINGS, supervision_request
 from . import Family
 
 FAMILY = Family(
     name="eagle3",
-    ask=lambda layers, _n: Features(layers=tuple(layers), logits=LOGITS_DRAFT_PROBS, shift=True),
+    ask=lambda layers, _n: supervision_request(layers),
     weights=(WEIGHT_INPUT_EMBEDDINGS,),
 )
