@@ -161,8 +161,9 @@ def interleaved(first, second, repeats: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> dict:
-    """Per request: seconds of the bare capture and of RemoteTargetBackend.capture through one server."""
+def through_server(runner, asks: dict[str, Features], batch, repeats: int, images=None) -> dict:
+    """Per request: seconds of the bare capture and of RemoteTargetBackend.capture through one server;
+    ``images`` an image-text batch's processor outputs, sent with every request."""
     from eagle3_target.client import PoolOptions, RemoteTargetBackend
     from eagle3_target.server.app import ServerOptions, TargetServer
 
@@ -181,8 +182,8 @@ def through_server(runner, asks: dict[str, Features], batch, repeats: int) -> di
                     backend.set_vocab_mapping(draft, in_draft)
                 want = Capture.of(features)
                 bare, served = interleaved(
-                    lambda want=want: runner.capture(ForwardInputs(ids, mask), want),
-                    lambda backend=backend: backend.capture(ids, mask, loss),
+                    lambda want=want: runner.capture(ForwardInputs(ids, mask, **(images or {})), want),
+                    lambda backend=backend: backend.capture(ids, mask, loss, images=images),
                     repeats,
                 )
             out[label] = dict(bare_s=bare, server_s=served, ratio=bare / served)

@@ -4,8 +4,11 @@ directory (nothing is downloaded):
     vlm-target/           a Qwen2.5-VL (language model 64 wide with 8 layers, vision tower 2 layers), its input
                           embedding scaled x2 (NeMo refuses an embedding whose norm looks untrained) and its
                           head sharpened; a word-level tokenizer with Qwen's vision tokens, a chat template and
-                          an image processor
+                          the processor's config (images of 56 to 112 px)
     conversations.jsonl   text conversations (ViSpec stage 1)
+    images/, image_conversations.jsonl, images.json
+                          synthetic PNG images, conversations about them in NeMo's ShareGPT form and the meta
+                          file NeMo's make_meta_dataset reads (ViSpec stage 2)
 
 Then (docs/families.md, "Vision-language targets"):
 
@@ -16,14 +19,34 @@ Then (docs/families.md, "Vision-language targets"):
 from __future__ import annotations
 
 import argparse
+import json
+import random
 from pathlib import Path
 
 import torch
-from make_data import SPECIAL, TEMPLATE, write_conversations
+from make_data import SPECIAL, write_conversations
+from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessor,
+)
 
 VOCAB = 1000
+# make_data.py's template, which also takes a message's content as a list of text and image parts (the form the
+# processor and NeMo's image datasets use): an image is its placeholder, which the processor widens to its tokens.
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} : "
+    "{% if m['role'] == 'assistant' %}{% generation %}"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}{{ p['text'] }}"
+    "{% endfor %}{% endif %} </s>{% endgeneration %}"
+    "{% else %}{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|> {% else %}{{ p['text'] }} "
+    "{% endif %}{% endfor %}{% endif %} </s>{% endif %} {% endfor %}"
+)
+IMAGE_PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)  # 4 to 16 image tokens an image
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 TEXT = dict(
     vocab_size=VOCAB,
@@ -93,9 +116,47 @@ def write_tokenizer(path: Path) -> list[str]:
     return [t for t in vocab if t.startswith("w")]
 
 
+def write_processor(path: Path) -> None:
+    """The processor's config as Qwen2_5_VLProcessor.save_pretrained writes it. Written as JSON because
+    building the processor needs torchvision (its video processor) and this script runs without it."""
+    image = json.loads(Qwen2VLImageProcessor(**IMAGE_PIXELS).to_json_string())
+    config = {
+        "processor_class": "Qwen2_5_VLProcessor",
+        "image_processor": image,
+        "video_processor": {"video_processor_type": "Qwen2VLVideoProcessor"},
+    }
+    (path / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def write_target(path: Path, embedding_scale: float = 2.0) -> list[str]:
     build_tiny_qwen2_5_vl(embedding_scale=embedding_scale).save_pretrained(path)
-    return write_tokenizer(path)
+    words = write_tokenizer(path)
+    write_processor(path)
+    return words
+
+
+def write_image_conversations(root: Path, words: list[str], rows: int, seed: int = 0) -> Path:
+    """``rows`` PNG images of random pixels (56 to 112 px a side) under root/images, a conversation about each
+    in root/image_conversations.jsonl, and root/images.json, the meta file NeMo's make_meta_dataset reads;
+    returns that file."""
+    rng = random.Random(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    with open(root / "image_conversations.jsonl", "w", encoding="utf-8") as out:
+        for row in range(rows):
+            side = rng.choice([56, 84, 112])
+            image = root / "images" / f"{row:03d}.png"
+            Image.frombytes("RGB", (side, side), rng.randbytes(side * side * 3)).save(image)
+            question = " ".join(rng.sample(words, rng.randint(2, 5)))
+            first = rng.randrange(len(words) - 8)
+            answer = " ".join(words[first + i % 5] for i in range(rng.randint(6, 12)))
+            turns = [
+                {"role": "user", "content": f"<image> {question}"},
+                {"role": "assistant", "content": answer},
+            ]
+            out.write(json.dumps({"messages": turns, "images": [str(image.resolve())]}) + "\n")
+    meta = root / "images.json"
+    meta.write_text(json.dumps({"synthetic": {"file_name": "image_conversations.jsonl"}}, indent=2) + "\n")
+    return meta
 
 
 def main() -> None:
@@ -104,7 +165,8 @@ def main() -> None:
     args = parser.parse_args()
     words = write_target(Path("vlm-target"))
     write_conversations(Path("conversations.jsonl"), words, args.rows)
-    print(f"wrote vlm-target/ and conversations.jsonl ({args.rows} rows) in {Path.cwd()}")
+    write_image_conversations(Path.cwd(), words, args.rows)
+    print(f"wrote vlm-target/, conversations.jsonl and images.json ({args.rows} rows each) in {Path.cwd()}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import dns.resolver
 import pytest
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
@@ -106,6 +107,20 @@ async def test_a_name_without_addresses_is_not_resolved(dns_server):
     loop = asyncio.get_running_loop()
     with pytest.raises(EndpointError, match="did not resolve in time; last error: NoAnswer"):
         await resolver.resolve_until(loop.time() + 0.5, first_delay=0.05, max_delay=0.1)
+
+
+def test_a_machine_without_nameservers_is_named_and_http_endpoints_still_work(tmp_path, monkeypatch):
+    """An /etc/resolv.conf that names no server (a minimal container): dnspython's own error was a traceback."""
+    empty = tmp_path / "resolv.conf"
+    empty.write_text("search cluster.local\n")
+    read = dns.resolver.BaseResolver.read_resolv_conf
+    monkeypatch.setattr(dns.resolver.BaseResolver, "read_resolv_conf", lambda self, _: read(self, str(empty)))
+    with pytest.raises(
+        EndpointError, match=r"no DNS server to resolve srv://_http._tcp.x.ns: .*--nameserver"
+    ):
+        EndpointResolver(parse_specs("http://10.0.0.1:8001,srv://_http._tcp.x.ns"))
+    resolver = EndpointResolver(parse_specs("http://10.0.0.1:8001"))
+    assert asyncio.run(resolver.resolve()) == ["http://10.0.0.1:8001"]
 
 
 def test_base_urls_bracket_ipv6():

@@ -200,6 +200,16 @@ def check_mount_failure(kubectl, namespace: str) -> None:
         "source": {"component": "kubelet"},
     }
     kubectl("create", "-f", "-", input=json.dumps(event))
+    if not pod["spec"].get("nodeName"):
+        # bound, as a pod creating its containers is: the tier's scheduler would otherwise report it
+        # Unschedulable over the status written below (a binding needs no Node object)
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "llama-0", "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "stand-in"},
+        }
+        kubectl("create", "-f", "-", input=json.dumps(binding))
     container = pod["spec"]["containers"][0]
     status = {
         "phase": "Pending",
@@ -286,9 +296,12 @@ def test_the_charts_watch_namespaces_identity_runs_a_whole_lifecycle_with_least_
     """The chart's RBAC with operator.watchNamespaces: namespaced Roles only where it watches."""
     home = f"{namespace}-op"
     kubectl("create", "namespace", home)
+    # A release name of its own: the nodes ClusterRole is cluster-scoped and outlives the namespace, and a later
+    # `helm install e3t` (tests/cluster/test_pods.py) refuses to adopt an object it did not create.
+    release = f"id-{namespace[-5:]}"
     rendered = helm(
         "template",
-        "e3t",
+        release,
         str(CHART),
         "--namespace",
         home,
@@ -314,6 +327,8 @@ def test_the_charts_watch_namespaces_identity_runs_a_whole_lifecycle_with_least_
     finally:
         operator.stop()
         kubectl("delete", "namespace", home, "--wait=false")
+        cluster_scoped = [d for d in rbac if d["kind"].startswith("Cluster")]
+        kubectl("delete", *(f"{d['kind'].lower()}/{d['metadata']['name']}" for d in cluster_scoped))
     assert operator.proc.returncode == 0, operator.output()[-3000:]
     assert_least_privilege(control_plane, operator, rbac)
 

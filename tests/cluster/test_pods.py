@@ -7,6 +7,7 @@ the fleet's start are the slow part, and each test leaves the fleet as it found 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import threading
@@ -32,6 +33,7 @@ from cluster.fleet import (
     wait_for_fleet,
 )
 from cluster.node import GATEWAY, NODE_NAME, POD_SUBNET, TAINT, firewall_problems, start_node
+from cluster.operator_process import eventually
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.server.runners.hf import HFRunner
@@ -237,3 +239,37 @@ def test_the_operator_pod_leads_with_its_service_account(kube, fleet):
     assert pods[0]["spec"]["serviceAccountName"] == f"{RELEASE}-eagle3-target-operator"
     lease = kube.get("lease", "eagle3-target-operator", "-n", NAMESPACE)
     assert lease["spec"]["holderIdentity"].startswith(pods[0]["metadata"]["name"])
+
+
+def test_a_missing_secret_is_named_where_kubectl_get_shows_it(kube, fleet, tmp_path):
+    """A real kubelet's FailedMount: a second target whose auth token Secret does not exist waits in
+    ContainerCreating, and `kubectl get` says which Secret, with one Warning Event on the target."""
+    spec = kube.get("eagle3target", TARGET, "-n", NAMESPACE)["spec"]
+    spec.update(replicas=1, authTokenSecret={"name": "absent-token"}, disruption={"enabled": False})
+    locked = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Target",
+        "metadata": {"name": "locked", "namespace": NAMESPACE},
+        "spec": spec,
+    }
+    manifest = tmp_path / "locked.json"
+    manifest.write_text(json.dumps(locked))
+    kube.run("kubectl", "apply", "-f", str(manifest))
+    try:
+        columns = "custom-columns=READY:.status.conditions[?(@.type=='Ready')].reason,WAITING:.status.waiting"
+
+        def named() -> str:
+            shown = kube.run("kubectl", "get", "e3t", "locked", "-n", NAMESPACE, "-o", columns)
+            return 'secret "absent-token" not found' in shown and shown
+
+        shown = eventually(named, timeout=90, interval=1, what="the missing Secret in kubectl get")
+        assert "FailedMount" in shown, shown
+        default_columns = kube.run("kubectl", "get", "e3t", "locked", "-n", NAMESPACE)
+        assert "absent-token" in default_columns, default_columns
+        events = kube.get(
+            "events", "-n", NAMESPACE, "--field-selector", "involvedObject.name=locked,type=Warning"
+        )
+        assert [e["reason"] for e in events["items"]].count("FailedMount") == 1, events["items"]
+    finally:
+        kube.run("kubectl", "delete", "-f", str(manifest), "--wait=true", "--timeout=60s", check=False)
+    assert all(ready(p) for p in kube.target_pods())

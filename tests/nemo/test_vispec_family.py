@@ -10,6 +10,7 @@ pipeline, which does not import on this CPU: docs/families.md)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -119,3 +120,15 @@ def test_nemos_untrained_target_check_runs_on_the_embedding_the_fleet_hands_out(
             run_remote(STAGE1, untrained, [server.url], tmp_path / "ours")
     finally:
         server.kill()
+
+
+def test_the_trainers_copy_of_the_target_holds_the_processor_config_but_no_weights(target):
+    """What NeMo's stage 2 loads with AutoProcessor (tests/nemo/test_vispec_stage2_run.py loads it where
+    torchvision imports): the image processor's settings travel with the config and tokenizer."""
+    config = json.loads((target.config_only / "processor_config.json").read_text())
+    assert config["processor_class"] == "Qwen2_5_VLProcessor"
+    assert config["image_processor"]["patch_size"] == 14 and config["image_processor"]["merge_size"] == 2
+    assert {"config.json", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in target.config_only.iterdir()
+    }
+    assert not weight_files(target.config_only)

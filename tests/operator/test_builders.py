@@ -162,7 +162,6 @@ def test_services_are_headless_with_named_ports_and_configmap_points_at_srv():
         ({"ports": {"http": 29601}}, "overlap"),
         ({"engine": "sglang", "gpusPerReplica": 0}, "sglang"),
         ({"engine": "tgi"}, "engine"),
-        ({"engine": "sglang", "gpusPerReplica": 2}, "cannot split a replica over 2 GPUs"),
         ({"disruption": {"maxUnavailable": 1, "minAvailable": 1}}, "not both"),
         ({"disruption": {"maxUnavailable": -1}}, "negative"),
         ({"replicas": 2, "disruption": {"maxUnavailable": 3}}, "larger than replicas 2"),

@@ -131,6 +131,7 @@ def test_the_users_own_toleration_for_a_key_wins():
     [
         ({"engine": "vllm", "gpusPerReplica": 4}, ["--tensor-parallel-size", "4"]),
         ({"engine": "hf", "gpusPerReplica": 2}, ["--tensor-parallel-size", "2"]),
+        ({"engine": "sglang", "gpusPerReplica": 8}, ["--tensor-parallel-size", "8"]),
         ({"engine": "vllm", "gpusPerReplica": 1}, []),
         ({"engine": "vllm", "gpusPerReplica": 4, "args": ["--tensor-parallel-size=2"]}, []),
     ],
@@ -142,11 +143,11 @@ def test_gpus_per_replica_becomes_the_tensor_parallel_size_unless_args_set_it(sp
 
 
 def test_an_engine_that_cannot_split_a_replica_is_not_ready_with_the_reason():
-    problems = target(engine="sglang", gpusPerReplica=4).problems()
+    problems = target(engine="sglang", gpusPerReplica=4, nodesPerReplica=2).problems()
     observed = Observed(Rollout(1, ""), problems=problems, generation=1)
     status = compute_status(name="t", pods=[], observed=observed, selector="s", previous=None, at=0.0)
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert ready["status"] == "False" and "cannot split a replica over 4 GPUs" in ready["message"]
+    assert ready["status"] == "False" and "engine sglang cannot span 2 nodes" in ready["message"]
 
 
 def pod_state(ordinal: int, **kw) -> PodState:

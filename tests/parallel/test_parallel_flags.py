@@ -31,6 +31,7 @@ def test_one_device_passes_every_engine():
 def test_what_each_engine_honours_passes():
     check_parallel("hf", ParallelLayout(tensor_parallel_size=2), CONFIG)
     check_parallel("hf", ParallelLayout(tensor_parallel_size=2, nnodes=2, node_rank=1), CONFIG)
+    check_parallel("hf", ParallelLayout(pipeline_parallel_size=4, nnodes=2), CONFIG)
     check_parallel("vllm", ParallelLayout(tensor_parallel_size=2, pipeline_parallel_size=4, nnodes=2), CONFIG)
 
 
@@ -48,14 +49,15 @@ def test_pipeline_parallel_beyond_the_layers_is_refused():
     assert "larger than the model's 4 layers" in refusal("vllm", pipeline_parallel_size=5)
 
 
-def test_hf_has_no_pipeline_parallel():
-    assert "--engine hf has no pipeline parallel" in refusal("hf", pipeline_parallel_size=2)
+def test_hf_splits_one_way_at_a_time():
+    line = refusal("hf", tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert "--engine hf splits a model one way at a time" in line
+    assert "larger than the model's 4 layers" in refusal("hf", pipeline_parallel_size=5)
 
 
-@pytest.mark.parametrize("engine", ["sglang", "synthetic"])
-def test_single_device_engines_refuse_any_split(engine):
+def test_the_single_device_engine_refuses_any_split():
     for layout in ({"tensor_parallel_size": 2}, {"nnodes": 2}):
-        assert f"--engine {engine} runs one device per replica" in refusal(engine, **layout)
+        assert "--engine synthetic runs one device per replica" in refusal("synthetic", **layout)
 
 
 @pytest.mark.parametrize("rank", [-1, 2])
@@ -76,7 +78,10 @@ def test_nodes_must_share_the_ranks_evenly():
             ["--tensor-parallel-size", "3"],
             "must divide both the model's 4 attention heads and its 2 key-value",
         ),
-        (["--pipeline-parallel-size", "2"], "--engine hf has no pipeline parallel"),
+        (
+            ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"],
+            "--engine hf splits a model one way at a time",
+        ),
         (["--engine", "synthetic", "--nnodes", "2"], "--engine synthetic runs one device per replica"),
         (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is outside 0..1"),
     ],

@@ -21,6 +21,22 @@ def test_the_header_round_trips_and_reads_the_same_for_the_same_request():
     assert features.needs() == ("layers", "embedding_output", "final_hidden", "logits")
 
 
+def test_shift_names_any_capture_and_true_reads_as_before():
+    features = Features(layers=(1,), final_hidden=True, logits="full", shift=["logits", "hidden_states"])
+    assert features.shift == ("hidden_states", "logits")  # in reply order, whatever order it was given in
+    text = features.to_header()
+    assert text == '{"layers":[1],"final_hidden":true,"logits":"full","shift":["hidden_states","logits"]}'
+    assert Features.from_header(text) == features
+    legacy = Features(layers=(1,), logits="full", image_mask=True, shift=True)
+    assert legacy.shift == ("logits", "image_mask") and '"shift":true' in legacy.to_header()
+    assert (
+        Features(layers=(1,), logits="full", image_mask=True, shift=("logits",)).to_header().count("[") == 2
+    )
+    assert Features(layers=(1,)).shift == () and '"shift":false' in Features(layers=(1,)).to_header()
+    with pytest.raises(FeatureError, match="shift is true, false or a list"):
+        Features.from_header('{"layers":[1],"shift":{"a":1}}')
+
+
 @pytest.mark.parametrize(
     ("fields", "error"),
     [
@@ -29,7 +45,11 @@ def test_the_header_round_trips_and_reads_the_same_for_the_same_request():
         (dict(layers=(True,)), "bad_features"),
         (dict(), "bad_features"),  # asks for nothing
         (dict(layers=(1,), logits="draft_probs"), "bad_features"),  # draft_probs are shifted
-        (dict(layers=(1,), shift=True), "bad_features"),  # nothing to shift
+        (dict(layers=(1,), shift=True), "bad_features"),  # nothing that true shifts
+        (dict(layers=(1,), shift=("logits",)), "bad_features"),  # not asked for
+        (dict(layers=(1,), shift=("hidden_states", "hidden_states")), "bad_features"),
+        (dict(layers=(1,), shift="hidden_states"), "bad_features"),
+        (dict(layers=(1,), logits="draft_probs", shift=("hidden_states",)), "bad_features"),
         (dict(final_hidden=1), "bad_features"),
         (dict(logits="softmax"), "bad_features"),
         (dict(layers=tuple(range(300))), "bad_features"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from nemo_automodel.components.speculative.dflash.target import HFDFlashTargetModel
 from nemo_automodel.components.speculative.dspark.target import HFDSparkTargetModel
-from nemo_automodel.components.speculative.eagle.target import HFEagle3TargetModel
+from nemo_automodel.components.speculative.eagle.target import HFEagle3TargetModel, _shift_left_with_zero
 from nemo_automodel.components.speculative.eagle.target_v12 import HFEagleTargetModel
 from target_support import generate_body, serve, vocab_body
 
@@ -82,6 +82,21 @@ async def test_each_family_gets_nemo_wrappers_tensors_bit_for_bit(tiny):
         peagle = HFEagle3TargetModel(tiny, aux).generate_batch(ids, mask, loss)
         _, got = await ask(srv, family("peagle").ask(aux, L), ids, mask, loss)
         assert_equal(got, {"hidden_states": peagle.aux_hidden_states, "logits": peagle.logits})
+
+
+async def test_any_capture_comes_shifted_as_nemo_shifts_it_when_asked(tiny):
+    ids, mask, loss = batch()
+    plain = Features(layers=(-1, 2), final_hidden=True, logits="full")
+    every = dataclasses.replace(plain, shift=("hidden_states", "final_hidden", "logits"))
+    one = dataclasses.replace(plain, shift=["final_hidden"])
+    assert json.loads(every.to_header())["shift"] == ["hidden_states", "final_hidden", "logits"]
+    assert json.loads(dataclasses.replace(plain, shift=True).to_header())["shift"] is True
+    async with serve(lambda: HFRunner(tiny, name="tiny")) as srv:
+        _, unshifted = await ask(srv, plain, ids, mask, loss)
+        _, got = await ask(srv, every, ids, mask, loss)
+        assert_equal(got, {k: _shift_left_with_zero(v) for k, v in unshifted.items()})
+        _, got = await ask(srv, one, ids, mask, loss)
+        assert_equal(got, {**unshifted, "final_hidden": _shift_left_with_zero(unshifted["final_hidden"])})
 
 
 async def test_draft_probs_are_the_nemo_encodings_supervision(tiny):

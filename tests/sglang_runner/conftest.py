@@ -145,6 +145,7 @@ class ModelRunner:
     def __init__(self, *, model_config, server_args, **kwargs):
         ModelRunner.created.append(dict(kwargs, model_config=model_config, server_args=server_args))
         self.model_config, self.server_args = model_config, server_args
+        self.tp_size = kwargs["tp_size"]
         self.device = "cuda"
         self.model = FakeCausalLM(DTYPES[server_args.dtype])
         self.req_to_token_pool = Pool(size=4, max_context_len=32)
@@ -226,7 +227,8 @@ def fake_sglang(monkeypatch):
         "sglang.srt": {},
         "sglang.srt.configs": {},
         "sglang.srt.configs.model_config": dict(ModelConfig=ModelConfig),
-        "sglang.srt.distributed": {},
+        # the tensor-parallel ranks' all-gather; with one rank nothing calls it
+        "sglang.srt.distributed": dict(tensor_model_parallel_all_gather=calls.recorder("all_gather")),
         "sglang.srt.distributed.parallel_state": dict(cleanup_dist_env_and_memory=calls.recorder("cleanup")),
         "sglang.srt.layers": {},
         "sglang.srt.layers.logits_processor": dict(

@@ -10,7 +10,8 @@ from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server import errors
 from eagle3_target.server.runners import load_runner
 from eagle3_target.server.runners.base import Capture, ForwardInputs
-from eagle3_target.server.runners.sglang import SGLangUnavailable, sglang_dtype
+from eagle3_target.server.runners.sglang import SGLangUnavailable
+from eagle3_target.server.runners.sglang_setup import sglang_dtype
 
 
 def load(**options):

@@ -119,7 +119,10 @@ def _nameserver(text: str) -> tuple[str, str]:
 def make_resolver(nameserver: str | None = None, timeout: float = 2.0) -> dns.asyncresolver.Resolver:
     """The system's resolver, or one that asks only ``host[:port]`` (tests point this at a local server)."""
     if nameserver is None:
-        resolver = dns.asyncresolver.Resolver()
+        try:
+            resolver = dns.asyncresolver.Resolver()
+        except dns.resolver.NoResolverConfiguration:  # http:// endpoints need none; EndpointResolver says so
+            resolver = dns.asyncresolver.Resolver(configure=False)
     else:
         host, port = _nameserver(nameserver)
         resolver = dns.asyncresolver.Resolver(configure=False)
@@ -146,6 +149,12 @@ class EndpointResolver:
         self.specs = specs
         self.resolver = resolver or make_resolver()
         self.filter = AddressFilter(max_endpoints)
+        named = [str(s) for s in specs if s.kind != "http"]
+        if named and not self.resolver.nameservers:
+            raise EndpointError(
+                f"no DNS server to resolve {', '.join(named)}: /etc/resolv.conf names none; "
+                "pass --nameserver HOST[:PORT] or http:// endpoints"
+            )
 
     async def resolve(self) -> list[str]:
         """All URLs now; raises a DNS error if any name does not resolve."""

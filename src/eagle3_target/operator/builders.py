@@ -11,7 +11,7 @@ import json
 from eagle3_target.protocol import contract
 
 from . import GROUP, groups, placement
-from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TENSOR_PARALLEL_ENGINES, TargetSpec
+from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
 from .template import with_template as _with_template
 from .volumes import CACHE_DIR, TOKEN_DIR, pod_volumes
 
@@ -110,7 +110,7 @@ def _tensor_parallel(spec: TargetSpec) -> list[str]:
     group of the hf engine, which has no pipeline parallel, the GPUs of all its pods)."""
     given = any(a == "--tensor-parallel-size" or a.startswith("--tensor-parallel-size=") for a in spec.args)
     size = groups.tensor_parallel_size(spec)
-    if size > 1 and spec.engine in TENSOR_PARALLEL_ENGINES and not given:
+    if size > 1 and not given:
         return ["--tensor-parallel-size", str(size)]
     return []
 

@@ -23,8 +23,8 @@ ROLLOUT_FIELDS = frozenset(
     }
 )
 ENGINES = ("hf", "sglang", "vllm")
-# Engines whose `serve` splits a replica over its GPUs (--tensor-parallel-size); sglang's runner runs one rank.
-TENSOR_PARALLEL_ENGINES = ("hf", "vllm")
+# Every engine's `serve` splits a replica over its pod's GPUs (--tensor-parallel-size); these span nodes too.
+MULTI_NODE_ENGINES = ("hf", "vllm")
 
 
 SERVER_CONTAINER = "server"
@@ -208,11 +208,6 @@ class TargetSpec:
         errors = []
         if self.engine not in ENGINES:
             errors.append(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.gpus_per_replica > 1 and self.engine not in TENSOR_PARALLEL_ENGINES:
-            errors.append(
-                f"engine {self.engine} cannot split a replica over {self.gpus_per_replica} GPUs (tensor "
-                f"parallel); use gpusPerReplica 1 or one of {', '.join(TENSOR_PARALLEL_ENGINES)}"
-            )
         if self.engine == "sglang" and self.gpus_per_replica == 0:
             errors.append("engine sglang needs gpusPerReplica >= 1")
         if self.replicas < 0:
@@ -242,10 +237,10 @@ class TargetSpec:
         errors = []
         if self.nodes_per_replica < 1:
             errors.append("nodesPerReplica must be at least 1")
-        elif self.nodes_per_replica > 1 and self.engine not in TENSOR_PARALLEL_ENGINES:
+        elif self.nodes_per_replica > 1 and self.engine not in MULTI_NODE_ENGINES:
             errors.append(
                 f"engine {self.engine} cannot span {self.nodes_per_replica} nodes (nodesPerReplica); use "
-                f"one of {', '.join(TENSOR_PARALLEL_ENGINES)}"
+                f"one of {', '.join(MULTI_NODE_ENGINES)}"
             )
         if self.nodes_per_replica > 1 and self.surge_and_unavailable()[0] > 0:
             errors.append(

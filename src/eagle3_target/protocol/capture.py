@@ -59,15 +59,18 @@ def reply(
     loss_mask: torch.Tensor,
     vocab: VocabMapping | None,
 ) -> dict[str, torch.Tensor]:
-    """The reply tensors in send order from one capture (``logits`` unshifted, full vocabulary)."""
+    """The reply tensors in send order from one capture (``logits`` unshifted, full vocabulary), each capture
+    that ``features.shift`` names shifted left (draft_probs are of the shifted logits already)."""
     out: dict[str, torch.Tensor] = {}
     if features.layers:
         out[KEY_HIDDEN] = hidden_states
     if features.final_hidden:
         out[KEY_FINAL] = final_hidden
     if features.logits == LOGITS_FULL:
-        out[KEY_LOGITS] = shift_left(logits) if features.shift else logits
-    elif features.logits == LOGITS_DRAFT_PROBS:
+        out[KEY_LOGITS] = logits
+    shifted = {k: shift_left(out[k]) for k in features.shift if k in out}
+    out.update(shifted)
+    if features.logits == LOGITS_DRAFT_PROBS:
         # EAGLE-3's own math (what the "nemo" encoding sends), less the aux states sent above.
         supervision = build_supervision(logits, logits.new_empty(0), input_ids, loss_mask, vocab)
         del supervision["aux_hidden_states"]
@@ -75,7 +78,7 @@ def reply(
     return out
 
 
-def image_mask(input_ids: torch.Tensor, image_token_id: int, shift: bool) -> torch.Tensor:
+def image_mask(input_ids: torch.Tensor, image_token_id: int, features: Features) -> torch.Tensor:
     """ViSpec's image mask [B, S] bool: where input_ids hold the image placeholder, shifted left if asked."""
     mask = input_ids == image_token_id
-    return shift_left(mask) if shift else mask
+    return shift_left(mask) if KEY_IMAGE_MASK in features.shift else mask

@@ -34,6 +34,9 @@ WEIGHT_NAMES = (WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, WEIGHT_FINAL_NORM)
 
 # Reply keys, in send order.
 KEY_HIDDEN, KEY_FINAL, KEY_LOGITS, KEY_IMAGE_MASK = "hidden_states", "final_hidden", "logits", "image_mask"
+CAPTURE_KEYS = (KEY_HIDDEN, KEY_FINAL, KEY_LOGITS, KEY_IMAGE_MASK)  # what ``shift`` may name
+# ``shift: true`` in a header: the captures NeMo's EAGLE-3 supervision shifts (the header's first spelling)
+SUPERVISION_SHIFT = (KEY_LOGITS, KEY_IMAGE_MASK)
 MAX_LAYERS = 256
 MAX_HEADER_CHARS = 4096
 
@@ -58,22 +61,24 @@ class Features:
     final_hidden: the post-norm last hidden state (what the lm_head reads) as "final_hidden" [B, S, H].
     logits: "none"; "full" ([B, S, V] as "logits", the target's dtype); "draft_probs" (EAGLE-3's
         target_probs, position_mask, input_ids and loss_mask over the session's draft vocabulary).
-    shift: EAGLE-3's left shift with a zero last row, applied to the logits ("draft_probs" are always
-        shifted, so it must be set there) and the image mask.
+    shift: the captures (CAPTURE_KEYS) returned shifted left as NeMo's ``_shift_left_with_zero`` shifts:
+        along the sequence (dim 1), ``out[:, i] = x[:, i + 1]`` for ``i < S - 1`` and ``out[:, S - 1] = 0``,
+        row by row, packed rows included (a copy: exact). ``True`` names the logits and the image mask
+        among those asked (SUPERVISION_SHIFT), ``False`` none. "draft_probs" are of the shifted logits, so
+        they need "logits" here.
     image_mask: an image-text target's ``input_ids == image_token_id`` as "image_mask" [B, S] bool
-        (ViSpec's); left out of the header when false, so requests without it read as before. Layers and final_hidden are never shifted: a trainer that
-        needs them shifted shifts them itself (a copy, exact).
+        (ViSpec's); left out of the header when false, so requests without it read as before.
     """
 
     layers: tuple[int, ...] = ()
     final_hidden: bool = False
     logits: str = LOGITS_NONE
-    shift: bool = False
+    shift: tuple[str, ...] | bool = ()
     image_mask: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "layers", tuple(self.layers))
-        problem = self._problem()
+        problem = self._shift_problem() or self._problem()
         if problem:
             raise FeatureError(*problem)
 
@@ -90,17 +95,40 @@ class Features:
                 "layer_out_of_range",
                 f"layer ids are -1 (the embeddings) or above, got {list(self.layers)}",
             )
-        if not all(isinstance(v, bool) for v in (self.final_hidden, self.shift, self.image_mask)):
-            return "bad_features", "final_hidden, shift and image_mask are true or false"
-        if self.logits not in LOGITS_CHOICES:
-            return "bad_features", f"logits is one of {', '.join(LOGITS_CHOICES)}, got {self.logits!r:.50}"
-        if self.logits == LOGITS_DRAFT_PROBS and not self.shift:
-            return "bad_features", "draft_probs are EAGLE-3's shifted supervision: set shift"
-        if self.shift and self.logits == LOGITS_NONE and not self.image_mask:
-            return "bad_features", "shift applies to logits and the image mask: ask for one or drop shift"
+        if self.logits == LOGITS_DRAFT_PROBS and KEY_LOGITS not in self.shift:
+            return "bad_features", "draft_probs are EAGLE-3's shifted supervision: shift the logits"
         if not (self.layers or self.final_hidden or self.logits != LOGITS_NONE or self.image_mask):
             return "bad_features", "the request asks for nothing: name layers, final_hidden or logits"
         return None
+
+    def _shift_problem(self) -> tuple[str, str] | None:
+        """``shift`` as the captures it names, in CAPTURE_KEYS order; a problem with it or the flags."""
+        if not all(isinstance(v, bool) for v in (self.final_hidden, self.image_mask)):
+            return "bad_features", "final_hidden and image_mask are true or false"
+        if self.logits not in LOGITS_CHOICES:
+            return "bad_features", f"logits is one of {', '.join(LOGITS_CHOICES)}, got {self.logits!r:.50}"
+        asked = self.captures
+        if isinstance(self.shift, bool):
+            names = tuple(k for k in SUPERVISION_SHIFT if k in asked) if self.shift else ()
+            if self.shift and not names:
+                return "bad_features", "shift=true shifts the logits and the image mask: ask for one"
+        elif isinstance(self.shift, (list, tuple)) and all(isinstance(k, str) for k in self.shift):
+            names = tuple(self.shift)
+        else:
+            return "bad_features", f"shift is true, false or a list of {', '.join(CAPTURE_KEYS)}"
+        if len(set(names)) != len(names) or not set(names) <= set(asked):
+            return (
+                "bad_features",
+                f"shift names captures asked for ({', '.join(asked)}) once each: {names!r:.200}",
+            )
+        object.__setattr__(self, "shift", tuple(k for k in CAPTURE_KEYS if k in names))
+        return None
+
+    @property
+    def captures(self) -> tuple[str, ...]:
+        """The captures asked for, as ``shift`` names them (draft_probs count as the logits)."""
+        flags = (bool(self.layers), self.final_hidden, self.logits != LOGITS_NONE, self.image_mask)
+        return tuple(k for k, asked in zip(CAPTURE_KEYS, flags, strict=True) if asked)
 
     # -- the header ----------------------------------------------------------------------------
 
@@ -108,6 +136,9 @@ class Features:
         """Compact JSON, keys in field order: the same request always reads the same."""
         doc = asdict(self)
         doc["layers"] = list(self.layers)
+        # the first spelling where it says the same, so a request that shifts nothing else reads as before
+        legacy = tuple(k for k in SUPERVISION_SHIFT if k in self.captures)
+        doc["shift"] = bool(self.shift) if self.shift in ((), legacy) else list(self.shift)
         if not self.image_mask:
             del doc["image_mask"]
         return json.dumps(doc, separators=(",", ":"))
@@ -128,7 +159,8 @@ class Features:
             raise FeatureError("bad_features", f"unknown feature fields {unknown}")
         if not isinstance(doc.get("layers", []), list):
             raise FeatureError("bad_features", "layers is a list of integers")
-        return cls(**{**doc, "layers": tuple(doc.get("layers", ()))})
+        shift = doc.get("shift", ())
+        return cls(**{**doc, "layers": tuple(doc.get("layers", ())), "shift": shift})
 
     # -- what it needs of a server ---------------------------------------------------------------
 

@@ -71,7 +71,7 @@ def capture(
         )
         if features.image_mask:  # requested() admits it only from a runner with an image spec
             token_id = runner.info.image_spec.token_id
-            out[KEY_IMAGE_MASK] = reply.image_mask(forward.input_ids, token_id, features.shift)
+            out[KEY_IMAGE_MASK] = reply.image_mask(forward.input_ids, token_id, features)
         if cuda:  # on the stream it ran on (the copy's side stream after the turn)
             torch.cuda.current_stream(device).synchronize()
         timings["projection"] = time.perf_counter() - start

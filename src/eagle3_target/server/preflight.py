@@ -112,9 +112,9 @@ def check_aux_layer_ids(ids: list[int] | None, layers: int) -> None:
 
 # engine -> what it can split: "tp" tensor parallel, "pp" pipeline parallel, "nodes" a replica over nodes
 CAN_SPLIT = {
-    "hf": {"tp", "nodes"},
+    "hf": {"tp", "pp", "nodes"},  # one of tp or pp at a time
     "vllm": {"tp", "pp", "nodes"},
-    "sglang": set(),
+    "sglang": {"tp"},  # GPU only, one node: SGLang's tensor parallel, as NeMo's serve_target --tp-size
     "synthetic": set(),
 }
 
@@ -128,15 +128,22 @@ def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
     if layout.single:
         return
     can = CAN_SPLIT[engine]
-    if engine in ("sglang", "synthetic"):
+    if not can:
         raise UsageError(
             f"--engine {engine} runs one device per replica: drop --tensor-parallel-size, "
             "--pipeline-parallel-size and --nnodes (use --engine vllm or hf to split a model)"
         )
+    if engine == "sglang":
+        _check_sglang(layout)
     if layout.pipeline_parallel_size > 1 and "pp" not in can:
         raise UsageError(
             f"--engine {engine} has no pipeline parallel: use --tensor-parallel-size "
             f"{layout.world_size} or --engine vllm"
+        )
+    if engine == "hf" and layout.tensor_parallel_size > 1 and layout.pipeline_parallel_size > 1:
+        raise UsageError(
+            "--engine hf splits a model one way at a time: give --tensor-parallel-size or "
+            "--pipeline-parallel-size, not both (or use --engine vllm)"
         )
     if layout.nnodes > 1 and "nodes" not in can:
         raise UsageError(f"--engine {engine} cannot span nodes: drop --nnodes or use --engine vllm")
@@ -147,6 +154,23 @@ def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
         )
     if config is not None:
         _check_config(engine, layout, config)
+
+
+def _check_sglang(layout: ParallelLayout) -> None:
+    """SGLang splits a replica over the GPUs of one node, by tensor parallel only."""
+    if layout.pipeline_parallel_size > 1 or layout.nnodes > 1:
+        raise UsageError(
+            "--engine sglang splits a replica by --tensor-parallel-size over one node's GPUs: drop "
+            "--pipeline-parallel-size and --nnodes (use --engine vllm for those)"
+        )
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < layout.tensor_parallel_size:
+        raise UsageError(
+            f"--engine sglang --tensor-parallel-size {layout.tensor_parallel_size} needs as many CUDA GPUs, "
+            f"and this machine has {gpus} (on CPUs use --engine hf or vllm)"
+        )
 
 
 def _check_config(engine: str, layout: ParallelLayout, config) -> None:

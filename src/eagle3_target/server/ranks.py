@@ -184,7 +184,10 @@ def main(argv: list[str]) -> int:
     """A rank started by a node's `serve`: join, load the same model, follow rank 0 until the replica ends."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = RankSpec(**json.loads(argv[0]))
-    from .runners.hf_parallel import follow_group
+    if spec.options.get("engine") == "sglang":
+        from .runners.sglang_parallel import follow_group
+    else:
+        from .runners.hf_parallel import follow_group
 
     group = _join(spec, [], None, spec.options.get("device", "cpu"))
     follow_group(group, spec.options)

@@ -1,4 +1,5 @@
-"""The hf engine split over ranks: transformers' tensor parallel plan, rank 0 leading every call.
+"""The hf engine split over ranks: transformers' tensor parallel plan (or pipeline stages,
+hf_pipeline.py), rank 0 leading every call.
 
 Every rank loads the model with ``tp_plan="auto"`` (each holds its shard of the projections,
 the embedding and the lm_head). Rank 0 is the runner the server sees: before each call it
@@ -40,6 +41,20 @@ def node_options(options: dict) -> dict:
     return {**options, "model": path, "name": EMBEDDED_MODEL}
 
 
+def split_runner(options: dict, rank: int, world_size: int, device: str):
+    """This rank's runner: a pipeline stage (hf_pipeline.py) or a tensor-parallel shard."""
+    from .hf import HFRunner
+
+    stages = options.get("pipeline_parallel_size", 1)
+    if stages > 1:
+        from .hf_pipeline import load_stage
+
+        dtype = resolve_dtype(options.get("dtype", "auto"), device)
+        return load_stage(options, rank, stages, device, dtype)
+    module, name = load_split_model(options, world_size, device)
+    return HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
+
+
 def load_split_model(options: dict, world_size: int, device: str):
     """(model, name): this rank's shard of the model (``options`` from node_options)."""
     from transformers import AutoModelForCausalLM
@@ -74,22 +89,23 @@ def _whole(value):
     return value
 
 
-def _moved(value, device):
+def moved(value, device):
     """Call arguments on ``device``: rank 0 sends them from the CPU, each rank takes them to its own."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, ForwardInputs):
-        return ForwardInputs(*(_moved(getattr(value, f.name), device) for f in dataclasses.fields(value)))
+        return ForwardInputs(*(moved(getattr(value, f.name), device) for f in dataclasses.fields(value)))
     if isinstance(value, tuple):
-        return tuple(_moved(v, device) for v in value)
+        return tuple(moved(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
+        return {k: moved(v, device) for k, v in value.items()}
     return value
 
 
-def _run(runner, call, device):
+def run_call(runner, call, device):
+    """One broadcast call (name, args, kwargs) on this rank's runner, its result whole."""
     name, args, kwargs = call
-    return _whole(getattr(runner, name)(*_moved(args, device), **_moved(kwargs, device)))
+    return _whole(getattr(runner, name)(*moved(args, device), **moved(kwargs, device)))
 
 
 class HFParallelRunner:
@@ -101,8 +117,8 @@ class HFParallelRunner:
         self._device = inner.info.device
 
     def _everywhere(self, name: str, *args, **kwargs):
-        dist.broadcast_object_list([(name, _moved(args, "cpu"), _moved(kwargs, "cpu"))], src=0)
-        return _run(self.inner, (name, args, kwargs), self._device)
+        dist.broadcast_object_list([(name, moved(args, "cpu"), moved(kwargs, "cpu"))], src=0)
+        return run_call(self.inner, (name, args, kwargs), self._device)
 
     def forward(self, input_ids, attention_mask, **packed):
         return self._everywhere("forward", input_ids, attention_mask, **packed)
@@ -135,30 +151,28 @@ class HFParallelRunner:
 
 def load(options: dict, layout: ParallelLayout) -> HFParallelRunner:
     """Rank 0: start the node's ranks, load this rank's shard, and lead."""
-    from .hf import HFRunner
-
     device = options.get("device", "cpu")
-    options = node_options(options)
+    options = {**node_options(options), "pipeline_parallel_size": layout.pipeline_parallel_size}
     group = join(layout, options, device)
-    module, name = load_split_model(options, layout.world_size, device)
-    inner = HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
-    log.info("rank 0 of %d leads the hf replica (tensor parallel %d)", layout.world_size, layout.world_size)
+    inner = split_runner(options, 0, layout.world_size, rank_device(device, 0))
+    log.info("rank 0 of %d leads the hf replica (%s)", layout.world_size, layout.describe())
     return HFParallelRunner(inner, group, layout)
 
 
 def follow(options: dict, layout: ParallelLayout) -> None:
     """A node-rank > 0 `serve`: start the node's other ranks, then follow rank 0 until the replica ends."""
-    options = node_options(options)
+    options = {**node_options(options), "pipeline_parallel_size": layout.pipeline_parallel_size}
     follow_group(join(layout, options, options.get("device", "cpu")), options)
 
 
 def follow_group(group: RankGroup, options: dict) -> None:
     """Load this rank's shard and run every call rank 0 broadcasts, until it says stop."""
-    from .hf import HFRunner
-
     device = rank_device(options.get("device", "cpu"), group.spec.local_rank)
-    module, name = load_split_model(options, group.spec.world_size, device)
-    runner = HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
+    follow_calls(group, split_runner(options, group.rank, group.spec.world_size, device), device)
+
+
+def follow_calls(group: RankGroup, runner, device: str) -> None:
+    """Run every call rank 0 broadcasts on this rank's ``runner``, until it says stop."""
     try:
         while True:
             box = [None]
@@ -166,7 +180,7 @@ def follow_group(group: RankGroup, options: dict) -> None:
             if box[0] is STOP:
                 return
             try:
-                _run(runner, box[0], device)
+                run_call(runner, box[0], device)
             except Exception:  # noqa: BLE001 - rank 0 met the same error and answers the client
                 log.debug("rank %d: call %s failed as on rank 0", group.rank, box[0][0], exc_info=True)
     finally:

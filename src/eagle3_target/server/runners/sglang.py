@@ -1,4 +1,4 @@
-"""SGLang runner: one extend forward of a standalone SGLang ModelRunner, on one CUDA GPU.
+"""SGLang runner: one extend forward of a standalone SGLang ModelRunner, on one CUDA GPU per rank.
 
 Stock SGLang keeps the logits of each row's last position only; the runner swaps the
 model's LogitsProcessor for a head that keeps every position and returns the captured
@@ -14,7 +14,6 @@ import gc
 import importlib.util
 import itertools
 import logging
-from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -23,10 +22,10 @@ from eagle3_target.protocol.features import CAN_DRAFT_PROBS, CAN_LAYERS, CAN_LOG
 from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import InvalidInput, TooLarge
-from ..options import UsageError
 from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import Capture, Captured, ForwardInputs, RunnerInfo, refuse_packing, resolve_dtype
 from .rows import row_lengths, stack_rows
+from .sglang_setup import build_model_runner, build_server_args, import_sglang
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +36,9 @@ INSTALL_HINT = (
 )
 NO_GPU = "the sglang engine needs a CUDA GPU, and torch sees none"
 
-# ServerArgs takes the dtype as a string.
-SGLANG_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
 
 class SGLangUnavailable(RuntimeError):
     """SGLang or a CUDA GPU is missing: raised before anything heavy is loaded."""
-
-
-def sglang_dtype(dtype: torch.dtype) -> str:
-    try:
-        return SGLANG_DTYPES[dtype]
-    except KeyError:
-        choices = ", ".join(map(str, SGLANG_DTYPES))
-        raise ValueError(f"the sglang engine has no dtype {dtype}; choose {choices}") from None
 
 
 def check_requirements(device: str) -> None:
@@ -64,67 +52,6 @@ def check_requirements(device: str) -> None:
         problems.append(f"the sglang engine runs on a CUDA GPU: pass --device cuda or cuda:N, not {device!r}")
     if problems:
         raise SGLangUnavailable("; ".join(problems))
-
-
-def import_sglang() -> SimpleNamespace:
-    """The SGLang names this runner uses, in one place (tests put a fake SGLang in sys.modules)."""
-    # Used through locals() below: the noqa keeps lint from deleting them as unused.
-    from sglang.bench_one_batch import TreeCacheNamespace  # noqa: F401
-    from sglang.srt.configs.model_config import ModelConfig  # noqa: F401
-    from sglang.srt.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: F401
-    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessorOutput  # noqa: F401
-    from sglang.srt.layers.moe import initialize_moe_config  # noqa: F401
-    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config  # noqa: F401
-    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config  # noqa: F401
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: F401
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch  # noqa: F401
-    from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: F401
-    from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
-    from sglang.srt.server_args import ServerArgs  # noqa: F401
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: F401
-    from sglang.srt.utils import get_free_port  # noqa: F401
-
-    return SimpleNamespace(**locals())
-
-
-def build_server_args(
-    sgl, model: str, *, dtype: torch.dtype, gpu_id: int, mem_fraction_static: float, trust_remote_code: bool
-):
-    return sgl.ServerArgs(
-        model_path=model,
-        dtype=sglang_dtype(dtype),
-        device="cuda",
-        base_gpu_id=gpu_id,
-        tp_size=1,
-        # Full-vocab logits for every position live outside SGLang's KV pool: leave them room.
-        mem_fraction_static=mem_fraction_static,
-        trust_remote_code=trust_remote_code,
-        skip_tokenizer_init=True,
-        # Only ever one prefill of fresh rows: no decode graphs, nothing worth caching.
-        disable_cuda_graph=True,
-        disable_radix_cache=True,
-    )
-
-
-def build_model_runner(sgl, server_args, gpu_id: int):
-    """A single-process ModelRunner with its own one-rank distributed group, as SGLang's scheduler builds it."""
-    model_config = sgl.ModelConfig.from_server_args(server_args)
-    sgl.initialize_moe_config(server_args)
-    sgl.initialize_fp8_gemm_config(server_args)
-    sgl.initialize_fp4_gemm_config(server_args)
-    return sgl.ModelRunner(
-        model_config=model_config,
-        mem_fraction_static=server_args.mem_fraction_static,
-        gpu_id=gpu_id,
-        tp_rank=0,
-        tp_size=1,
-        moe_ep_rank=0,
-        moe_ep_size=1,
-        pp_rank=0,
-        pp_size=1,
-        nccl_port=sgl.get_free_port(),
-        server_args=server_args,
-    )
 
 
 def concat_aux(captured: list[torch.Tensor], aux_layer_ids: list[int]) -> torch.Tensor:
@@ -250,11 +177,26 @@ class SGLangRunner:
         mem_fraction_static: float = 0.5,
         parallel: ParallelLayout = ONE_DEVICE,
     ) -> SGLangRunner:
-        if not parallel.single:  # preflight refuses it first; this guards a direct load
-            raise UsageError("--engine sglang runs one device per replica: drop the parallel flags")
         check_requirements(device)
         if model is None:
             raise ValueError("the sglang engine needs --model (a local directory or hub id)")
+        options = dict(
+            model=model,
+            dtype=dtype,
+            device=device,
+            aux_layer_ids=aux_layer_ids,
+            trust_remote_code=trust_remote_code,
+            mem_fraction_static=mem_fraction_static,
+        )
+        if not parallel.single:
+            from .sglang_parallel import load as load_split
+
+            return load_split(options, parallel)
+        return cls.build(**options)
+
+    @classmethod
+    def build(cls, *, model: str, dtype: str, device: str, tp_rank: int = 0, tp_size: int = 1, **options):
+        """This rank's runner: ``device`` is its GPU, ``tp_rank`` its place among ``tp_size`` ranks."""
         torch_dtype = resolve_dtype(dtype, device)
         gpu_id = torch.device(device).index or 0
         sgl = import_sglang()
@@ -262,13 +204,21 @@ class SGLangRunner:
             sgl,
             model,
             dtype=torch_dtype,
-            gpu_id=gpu_id,
-            mem_fraction_static=mem_fraction_static,
-            trust_remote_code=trust_remote_code,
+            gpu_id=gpu_id - tp_rank,  # the replica's first GPU: rank r runs on the r-th after it
+            mem_fraction_static=options["mem_fraction_static"],
+            trust_remote_code=options["trust_remote_code"],
+            tp_size=tp_size,
         )
-        model_runner = build_model_runner(sgl, server_args, gpu_id)
-        log.info("loaded %s with SGLang (%s) on cuda:%d", model, torch_dtype, gpu_id)
-        return cls(sgl, model_runner, name=model, aux_layer_ids=aux_layer_ids, dtype=torch_dtype)
+        model_runner = build_model_runner(sgl, server_args, gpu_id, tp_rank)
+        log.info(
+            "loaded %s with SGLang (%s) on cuda:%d, rank %d of %d",
+            model,
+            torch_dtype,
+            gpu_id,
+            tp_rank,
+            tp_size,
+        )
+        return cls(sgl, model_runner, name=model, aux_layer_ids=options["aux_layer_ids"], dtype=torch_dtype)
 
     @torch.inference_mode()
     def forward(
@@ -315,8 +265,11 @@ class SGLangRunner:
         return self.input_embeddings()
 
     def input_embeddings(self) -> torch.Tensor:
+        weight = embedding_weight(self.model_runner.model).detach()
+        if self.model_runner.tp_size > 1:  # each rank holds its slice of the rows: all of them take part
+            weight = self.sgl.tensor_model_parallel_all_gather(weight, dim=0)
         # SGLang pads the embedding rows to a multiple of 64; the client wants the real vocabulary.
-        return embedding_weight(self.model_runner.model).detach()[: self.info.vocab_size]
+        return weight[: self.info.vocab_size]
 
     def close(self) -> None:
         self.model_runner = None
