@@ -14,7 +14,11 @@ from pathlib import Path
 
 from tools import REPO
 
-DOCS = {"eagle3": REPO / "docs" / "deploy.md", "dflash": REPO / "docs" / "families.md"}
+DOCS = {
+    "eagle3": REPO / "docs" / "deploy.md",
+    "dflash": REPO / "docs" / "families.md",
+    "vispec": REPO / "docs" / "families.md",  # text only: its stage 2 needs the image pipeline
+}
 SUBSTITUTIONS_DOC = REPO / "docs" / "deploy.md"
 MARK = re.compile(
     r"^<!-- quickstart (\w+)(?: (on GPUs|without GPUs))? -->\n```(\w+)\n(.*?)^```$", re.M | re.S

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import re
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
+from chart.render import KUBE_VERSION
+from crd_support import admit, crd_schema, prune
 from quickstart_docs import DOCS, blocks, cpu_commands, substitutions
+
+from eagle3_target.operator.target_spec import TargetSpec
 
 # What each step of a quickstart must contain, in order.
 STEPS = {
@@ -31,6 +37,17 @@ STEPS = {
         "kind: Eagle3Target",
         "kind: Job\nmetadata: {name: qwen3-dflash}",
         "/srv/eagle3/dflash/draft-training/runs/qwen3-dflash/checkpoints",
+    ],
+    "vispec": [
+        "manifests/operator.yaml",
+        "kubectl create namespace vispec",
+        "create secret generic qwen25vl-target-token --from-literal=token=",
+        "kind: Eagle3Target",
+        "recipe: TrainVispecStage1Recipe",
+        "kind: Job\nmetadata: {name: vispec-stage1}",
+        "recipe: TrainVispecRecipe",
+        "kind: Job\nmetadata: {name: vispec-stage2}",
+        'draft_init_from="$(ls -d /data/runs/vispec-stage1/checkpoints/epoch_*_step_*',
     ],
 }
 
@@ -91,3 +108,23 @@ def test_the_substituted_images_are_the_cpu_builds():
         "ghcr.io/eagle3-target/eagle3-target:0.1.0",
         "ghcr.io/eagle3-target/eagle3-target-trainer:0.1.0-cpu",
     }
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_the_quickstarts_objects_match_the_crd_and_kubernetes_schemas(name):
+    """Every object parses; the Eagle3Target has no field the CRD drops, validates against its schema and the
+    operator finds no problem in it; the other objects are valid Kubernetes objects (strict: no unknown
+    field)."""
+    schema = crd_schema()
+    found = objects([b.text for b in blocks(DOCS[name]) if b.quickstart == name])  # GPU blocks too
+    assert {o["kind"] for o in found} >= {"Eagle3Target", "Job", "ConfigMap"}
+    for obj in found:
+        if obj["kind"] == "Eagle3Target":
+            assert prune(schema["properties"]["spec"], obj["spec"]) == obj["spec"], "a field the CRD drops"
+            jsonschema.Draft7Validator(schema).validate(obj)
+            assert TargetSpec.parse(admit(schema, obj)["spec"]).problems() == []
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    for config_map in (o for o in found if o["kind"] == "ConfigMap"):
+        recipe = yaml.safe_load(config_map["data"]["recipe.yaml"])
+        assert recipe.get("recipe", "TrainEagle3Recipe").startswith("Train") and "remote_target" in recipe
