@@ -26,6 +26,7 @@ from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
 from .handles import PendingHandle
+from .inputs import nemo_inputs
 from .loop_thread import LoopThread
 from .options import PoolOptions
 
@@ -181,44 +182,34 @@ class RemoteTargetBackend:
             self._embeddings = embedding
         return self._embeddings
 
-    def generate_batch_async(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> BatchHandle:
-        """Submit one batch; the handle's ``result()`` returns its TargetBatch.
+    def generate_batch_async(self, *args, **kwargs) -> BatchHandle:
+        """Submit one batch, with NeMo's ``generate_batch`` arguments (inputs.nemo_inputs); the handle's
+        ``result()`` returns its TargetBatch.
 
         Packed rows (NeMo's ``packed_sequence_size``) add ``position_ids`` and ``seq_lens``, which the
         servers compute under, and ``doc_remaining``, which only comes back in the batch for the trainer."""
-        given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, attention_mask, loss_mask), strict=True))
+        nemo = nemo_inputs(*args, **kwargs)
+        if nemo.media:
+            raise TypeError(
+                f"generate_batch takes no {', '.join(sorted(nemo.media))}: images go with capture"
+            )
+        input_ids = nemo.input_ids
+        given = dict(zip(GENERATE_INPUT_KEYS, (input_ids, nemo.attention_mask, nemo.loss_mask), strict=True))
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(input_ids.shape)}")
-        packing = _packing(position_ids, seq_lens, doc_remaining, self.pool.options.packing)
+        packing = _packing(nemo.position_ids, nemo.seq_lens, nemo.doc_remaining, self.pool.options.packing)
         if packing:
-            given.update(position_ids=position_ids, seq_lens=seq_lens)
+            given.update(nemo.packing)
         inputs = {k: t.detach().to("cpu", torch.int64) for k, t in given.items()}
         batch, seq = inputs["input_ids"].shape
         reply = self.pool.generate(wire.encode(inputs), batch, seq, self._draft_vocab)
-        inputs["attention_mask"] = attention_mask  # the caller's own, as NeMo returns it
+        inputs["attention_mask"] = nemo.attention_mask  # the caller's own, as NeMo returns it
         device = self.device or input_ids.device
         return BatchHandle(self._loop.submit(reply), inputs, device, self._head_rows, packing)
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> TargetBatch:
-        return self.generate_batch_async(
-            input_ids, attention_mask, loss_mask, position_ids, seq_lens, doc_remaining
-        ).result()
+    def generate_batch(self, *args, **kwargs) -> TargetBatch:
+        """``generate_batch_async(...).result()``: NeMo's RemoteEagle3TargetModel call."""
+        return self.generate_batch_async(*args, **kwargs).result()
 
     # -- feature requests (our extension) ---------------------------------------------------
 
