@@ -125,6 +125,10 @@ def test_client_errors_are_raised_at_once_not_retried(farm):
         assert error.value.status == 422 and error.value.error == "token_out_of_range"
         assert served(farm.server(url), "generate", "422") == 1
         assert backend.healthy_servers == 1  # a bad batch does not make the server look sick
+        # NeMo's signature with an image-text batch's keys: refused before anything is sent
+        with pytest.raises(TypeError, match="generate_batch takes no pixel_values: images go with capture"):
+            backend.generate_batch(ids, mask, loss, pixel_values=torch.zeros(4, 8))
+        assert served(farm.server(url), "generate", "422") == 1
 
 
 def test_a_mapping_every_server_refuses_is_raised_in_the_servers_words_and_quarantines_none(farm):
