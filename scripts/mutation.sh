@@ -46,10 +46,10 @@ declare -A TESTS=(
   [client/quarantine.py]="$membership"
   [client/dispatch.py]="$dispatch"
   [client/failover.py]="$dispatch"
-  [client/limits.py]="tests/client/test_client_body.py tests/client/test_client_backend.py"
+  [client/limits.py]="tests/client/test_client_limits.py"
   [client/body.py]="tests/client/test_client_body.py"
-  [operator/planner.py]="tests/operator/test_builders.py"
-  [operator/status.py]="tests/operator/test_builders.py"
+  [operator/planner.py]="tests/operator/test_builders.py tests/operator/test_manifests.py"
+  [operator/status.py]="tests/operator/test_builders.py tests/operator/test_manifests.py"
 )
 ORDER=(protocol/wire.py protocol/receive_pool.py protocol/encodings.py protocol/model_info.py
   protocol/supervision.py protocol/binding.py protocol/features.py protocol/families/ server/request.py
@@ -71,7 +71,8 @@ for module in "${modules[@]}"; do
   pattern=$module
   [[ $pattern != */ ]] || pattern+="*"  # a package: all its modules
   rm -rf "$scratch" && mkdir -p "$scratch"
-  cp -r "$root/src" "$root/tests" "$root/pyproject.toml" "$scratch/"
+  # manifests/: the operator's tests check what it builds against the CRD's schema
+  cp -r "$root/src" "$root/tests" "$root/manifests" "$root/pyproject.toml" "$scratch/"
   selection=$(printf '"%s", ' $tests)
   cat >>"$scratch/pyproject.toml" <<EOF
 
