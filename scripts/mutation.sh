@@ -79,6 +79,7 @@ for module in "${modules[@]}"; do
 [tool.mutmut]
 source_paths = ["src"]
 only_mutate = ["src/eagle3_target/$pattern"]
+also_copy = ["manifests"]  # mutmut runs the tests in its own copy of the tree
 pytest_add_cli_args_test_selection = [${selection%, }]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
 timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x ...
