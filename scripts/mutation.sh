@@ -46,10 +46,10 @@ declare -A TESTS=(
   [client/quarantine.py]="$membership"
   [client/dispatch.py]="$dispatch"
   [client/failover.py]="$dispatch"
-  [client/limits.py]="tests/client/test_client_body.py tests/client/test_client_backend.py"
+  [client/limits.py]="tests/client/test_client_limits.py"
   [client/body.py]="tests/client/test_client_body.py"
-  [operator/planner.py]="tests/operator/test_builders.py"
-  [operator/status.py]="tests/operator/test_builders.py"
+  [operator/planner.py]="tests/operator/test_builders.py tests/operator/test_manifests.py"
+  [operator/status.py]="tests/operator/test_builders.py tests/operator/test_manifests.py"
 )
 ORDER=(protocol/wire.py protocol/receive_pool.py protocol/encodings.py protocol/model_info.py
   protocol/supervision.py protocol/binding.py protocol/features.py protocol/families/ server/request.py
@@ -71,13 +71,15 @@ for module in "${modules[@]}"; do
   pattern=$module
   [[ $pattern != */ ]] || pattern+="*"  # a package: all its modules
   rm -rf "$scratch" && mkdir -p "$scratch"
-  cp -r "$root/src" "$root/tests" "$root/pyproject.toml" "$scratch/"
+  # manifests/: the operator's tests check what it builds against the CRD's schema
+  cp -r "$root/src" "$root/tests" "$root/manifests" "$root/pyproject.toml" "$scratch/"
   selection=$(printf '"%s", ' $tests)
   cat >>"$scratch/pyproject.toml" <<EOF
 
 [tool.mutmut]
 source_paths = ["src"]
 only_mutate = ["src/eagle3_target/$pattern"]
+also_copy = ["manifests"]  # mutmut runs the tests in its own copy of the tree
 pytest_add_cli_args_test_selection = [${selection%, }]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
 timeout_multiplier = 5.0  # a mutant that loops forever is given up on sooner than mutmut's 15x ...
