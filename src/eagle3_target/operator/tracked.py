@@ -31,11 +31,6 @@ class Tracked:
     # the index (already holding their state) once it starts, instead of queueing one pass each
     pass_waiting: bool = False
 
-    def wrote(self, body: dict) -> bool:
-        """Whether body is the version this operator's last status write returned (so nothing new)."""
-        version = body.get("metadata", {}).get("resourceVersion")
-        return version is not None and version == self.body.get("metadata", {}).get("resourceVersion")
-
     async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
         """On full passes: what pods stuck creating their containers wait on, from their Events."""
         stuck = [p for p in pods if p.creating_since is not None and now - p.creating_since >= MOUNT_GRACE]
