@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cluster.hollow import LABEL, start_hollow_nodes
 from cluster.k8s import Cli, ControlPlane
 from tiers import missing
 from tools import install_tools
@@ -18,6 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "manifests" / "crd.yaml"
 CRD_NAME = "eagle3targets.eagle3.dev"
 REQUIRED = ("etcd", "kube-apiserver")
+HOLLOW_NODES = (
+    4  # two zones of two, 8 GPUs each: enough to spread, drain, lose one, or fill with two groups of two
+)
 HOW = "export KUBEBUILDER_ASSETS=$(../shared/tools/k8s/unpack.sh), the envtest convention"
 
 
@@ -73,3 +77,26 @@ def crd(kubectl) -> dict:
     kubectl("apply", "--server-side", "-f", str(CRD_PATH))
     kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
     return kubectl.json("get", "crd", CRD_NAME)
+
+
+@pytest.fixture(scope="module")
+def hollow(control_plane, kubectl, k8s_assets, tmp_path_factory):
+    """HOLLOW_NODES hollow nodes for one test module (hollow.py), removed with their Node objects afterwards."""
+    nodes = start_hollow_nodes(
+        control_plane, kubectl, k8s_assets, tmp_path_factory.mktemp("hollow"), HOLLOW_NODES
+    )
+    yield nodes
+    nodes.stop()
+    kubectl("delete", "nodes", "-l", f"{LABEL}=true", "--wait=false", check=False)
+
+
+@pytest.fixture
+def hollow_operator(crd, control_plane, kubectl, hollow, tmp_path):
+    """The operator as manifests/operator.yaml runs it (its ServiceAccount and RBAC), next to the hollow nodes;
+    it must never have been refused by RBAC."""
+    from cluster.test_operator_rollout import operator_for  # a test module: imported only where used
+
+    process = operator_for(control_plane, kubectl, tmp_path)
+    yield process
+    process.stop()
+    assert "Forbidden" not in process.output()

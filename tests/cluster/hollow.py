@@ -16,6 +16,7 @@ from cluster.node import shared_script
 from tiers import missing
 
 LABEL = "eagle3.dev/hollow"
+ON_HOLLOW = {"nodeSelector": {LABEL: "true"}}  # a target spec's part that keeps its pods on hollow nodes
 
 
 @dataclass

@@ -5,32 +5,13 @@ counting groups. Hollow pods run nothing; nothing here connects to their address
 
 from __future__ import annotations
 
-import pytest
 import yaml
-from cluster.hollow import LABEL, start_hollow_nodes
+from cluster.hollow import ON_HOLLOW
 from cluster.operator_process import eventually
 from cluster.test_operator_identity import target
-from cluster.test_operator_rollout import SELECTOR, operator_for
+from cluster.test_operator_rollout import SELECTOR
 
-NODES = 4  # 8 GPUs each: two groups of two whole-node pods fill them
-ON_HOLLOW = {"nodeSelector": {LABEL: "true"}}
 GROUP, ROLE = "eagle3.dev/group", "eagle3.dev/role"
-
-
-@pytest.fixture(scope="module")
-def hollow(control_plane, kubectl, k8s_assets, tmp_path_factory):
-    nodes = start_hollow_nodes(control_plane, kubectl, k8s_assets, tmp_path_factory.mktemp("hollow"), NODES)
-    yield nodes
-    nodes.stop()
-    kubectl("delete", "nodes", "-l", f"{LABEL}=true", "--wait=false", check=False)
-
-
-@pytest.fixture
-def operator(crd, control_plane, kubectl, hollow, tmp_path):
-    process = operator_for(control_plane, kubectl, tmp_path)
-    yield process
-    process.stop()
-    assert "Forbidden" not in process.output()
 
 
 def apply(kubectl, namespace: str, **spec) -> None:
@@ -74,7 +55,7 @@ def endpoint_pods(kubectl, namespace: str) -> set[str]:
 
 
 def test_groups_span_distinct_nodes_serve_through_leaders_and_are_recreated_whole(
-    operator, kubectl, namespace
+    hollow_operator, kubectl, namespace
 ):
     apply(kubectl, namespace, replicas=2, gpusPerReplica=8, nodesPerReplica=2)
     pods = eventually(lambda: all_ready(kubectl, namespace, 4), timeout=120, what="two ready groups of two")
@@ -115,7 +96,7 @@ def _uid(pods: list[dict], name: str) -> str:
     return next(p["metadata"]["uid"] for p in pods if p["metadata"]["name"] == name)
 
 
-def test_a_group_that_cannot_be_placed_gives_its_pods_back_and_says_why(operator, kubectl, namespace):
+def test_a_group_that_cannot_be_placed_gives_its_pods_back_and_says_why(hollow_operator, kubectl, namespace):
     # five ranks that must each have their own node, on four nodes: four are placed, one never is
     apply(kubectl, namespace, replicas=1, gpusPerReplica=1, nodesPerReplica=5, groupScheduleTimeoutSeconds=8)
     eventually(
@@ -138,7 +119,7 @@ def test_a_group_that_cannot_be_placed_gives_its_pods_back_and_says_why(operator
     assert len(warnings) == 1 and "1 of 5 pods not scheduled" in warnings[0]["message"], warnings
 
 
-def test_scale_counts_groups(operator, kubectl, namespace):
+def test_scale_counts_groups(hollow_operator, kubectl, namespace):
     apply(kubectl, namespace, replicas=1, gpusPerReplica=1, nodesPerReplica=2)
     eventually(lambda: all_ready(kubectl, namespace, 2), timeout=90, what="one ready group")
     kubectl("-n", namespace, "scale", "eagle3target", "llama", "--replicas=2")
@@ -149,7 +130,7 @@ def test_scale_counts_groups(operator, kubectl, namespace):
     )
 
 
-def test_a_rollout_replaces_one_group_at_a_time(operator, kubectl, namespace):
+def test_a_rollout_replaces_one_group_at_a_time(hollow_operator, kubectl, namespace):
     apply(kubectl, namespace, replicas=2, gpusPerReplica=8, nodesPerReplica=2)  # fills the four nodes
     eventually(lambda: all_ready(kubectl, namespace, 4), timeout=120, what="two ready groups of two")
     first = kubectl.json("-n", namespace, "get", "e3t", "llama")["status"]["revision"]

@@ -1,39 +1,21 @@
 """A fleet across many nodes, on the real API server, scheduler and controllers with hollow nodes (hollow.py):
 the defaults a target's pods get and how each is replaced, the wait reason in `kubectl get` with one Warning
-Event, a drain that the operator's PodDisruptionBudget keeps to one replica at a time, and a dead node whose
-pods are replaced on the others. The operator runs as manifests/operator.yaml runs it (its ServiceAccount and
-RBAC); the node-loss test kills a kubelet, so it runs last."""
+Event, a drain that the operator's PodDisruptionBudget keeps to one replica at a time, a budget that blocks every
+drain admitted and said so in a condition (the API server refusing the eviction), and a dead node whose pods are
+replaced on the others. The operator runs as manifests/operator.yaml runs it (its ServiceAccount and RBAC); the
+node-loss test kills a kubelet, so it runs last. Hollow nodes and the operator come from conftest.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
-import pytest
 import yaml
-from cluster.hollow import LABEL, start_hollow_nodes
+from cluster.hollow import LABEL, ON_HOLLOW
 from cluster.operator_process import eventually
 from cluster.test_operator_identity import target
-from cluster.test_operator_rollout import SELECTOR, PodWatch, operator_for
-
-NODES = 4  # two zones of two: enough to spread, drain and lose one (about 80 MB each)
-ON_HOLLOW = {"nodeSelector": {LABEL: "true"}}
-
-
-@pytest.fixture(scope="module")
-def hollow(control_plane, kubectl, k8s_assets, tmp_path_factory):
-    nodes = start_hollow_nodes(control_plane, kubectl, k8s_assets, tmp_path_factory.mktemp("hollow"), NODES)
-    yield nodes
-    nodes.stop()
-    kubectl("delete", "nodes", "-l", f"{LABEL}=true", "--wait=false", check=False)
-
-
-@pytest.fixture
-def operator(crd, control_plane, kubectl, hollow, tmp_path):
-    process = operator_for(control_plane, kubectl, tmp_path)
-    yield process
-    process.stop()
-    assert "Forbidden" not in process.output()
+from cluster.test_operator_rollout import SELECTOR, PodWatch
 
 
 def apply(kubectl, namespace: str, name: str = "llama", **spec) -> None:
@@ -57,7 +39,7 @@ def serving(kubectl, namespace: str, avoid: str = "") -> list[dict]:
     ]
 
 
-def test_pods_get_the_defaults_and_a_podtemplate_replaces_them(operator, kubectl, namespace):
+def test_pods_get_the_defaults_and_a_podtemplate_replaces_them(hollow_operator, kubectl, namespace):
     apply(kubectl, namespace, replicas=4, gpusPerReplica=1)
     own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
     template = {"spec": {"topologySpreadConstraints": [], "tolerations": [own]}}
@@ -102,7 +84,7 @@ def test_pods_get_the_defaults_and_a_podtemplate_replaces_them(operator, kubectl
     assert "nvidia.com/gpu" not in tolerations and "tolerationSeconds" not in tolerations[own["key"]]
 
 
-def test_capacity_problems_show_in_kubectl_get_with_one_warning_event(operator, kubectl, namespace):
+def test_capacity_problems_show_in_kubectl_get_with_one_warning_event(hollow_operator, kubectl, namespace):
     apply(kubectl, namespace, replicas=2, gpusPerReplica=16)  # no hollow node has more than 8
     apply(
         kubectl,
@@ -133,7 +115,31 @@ def test_capacity_problems_show_in_kubectl_get_with_one_warning_event(operator, 
     assert degraded["status"] == "True" and degraded["message"] != "no failing targets"
 
 
-def test_a_drain_takes_one_replica_at_a_time(operator, kubectl, namespace, tmp_path):
+def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator, kubectl, namespace):
+    apply(kubectl, namespace, replicas=1, gpusPerReplica=1, disruption={"maxUnavailable": 0})
+
+    def blocked():
+        conditions = (
+            kubectl.json("-n", namespace, "get", "e3t", "llama").get("status", {}).get("conditions", [])
+        )
+        found = next((c for c in conditions if c["type"] == "DrainsBlocked"), {})
+        return found.get("status") == "True" and found
+
+    condition = eventually(blocked, timeout=60, what="DrainsBlocked=True")
+    assert condition["reason"] == "NoEvictionAllowed" and "allows no eviction" in condition["message"]
+    assert kubectl.json("-n", namespace, "get", "pdb", "llama")["spec"]["maxUnavailable"] == 0
+    pod = eventually(lambda: serving(kubectl, namespace), timeout=90, what="the replica serving")[0]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod["metadata"]["name"], "namespace": namespace},
+    }
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/eviction"
+    refused = kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction), check=False)
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
+
+
+def test_a_drain_takes_one_replica_at_a_time(hollow_operator, kubectl, namespace, tmp_path):
     # one zone (two nodes): the drained node holds two replicas, and they can only move to the other
     zone = {LABEL: "true", "topology.kubernetes.io/zone": "zone-0"}
     apply(kubectl, namespace, replicas=4, gpusPerReplica=1, nodeSelector=zone)
@@ -182,7 +188,7 @@ def test_a_drain_takes_one_replica_at_a_time(operator, kubectl, namespace, tmp_p
     assert history and min(ready for _, ready in history) >= 3, history
 
 
-def test_a_dead_nodes_pods_are_replaced_on_the_others(operator, kubectl, namespace, hollow):
+def test_a_dead_nodes_pods_are_replaced_on_the_others(hollow_operator, kubectl, namespace, hollow):
     apply(kubectl, namespace, replicas=4, gpusPerReplica=1, nodeFailureToleranceSeconds=10)
     placed = eventually(
         lambda: len(serving(kubectl, namespace)) == 4 and serving(kubectl, namespace), timeout=90

@@ -165,8 +165,7 @@ async def on_pod(namespace: str, labels: dict, memo: kopf.Memo, target_pods: kop
     """Readiness, phase and deletion of a pod move its target on at once (the children are left to the
     target's own events and the resync)."""
     tracked = memo.targets.get((namespace, labels[builders.TARGET_LABEL]))
-    if tracked is not None and not tracked.pass_waiting:
-        tracked.pass_waiting = True
+    if tracked is not None:
         await reconcile(tracked, memo, target_pods, full=False)
 
 
@@ -188,7 +187,6 @@ def _desired_replicas(spec: dict, pods: list[PodState]) -> int:
 
 async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, full: bool) -> None:
     async with tracked.lock:  # events and the resync run concurrently for one target
-        tracked.pass_waiting = False  # from here on, this pass reads every pod event so far from the index
         if not memo.leader.is_leader:
             return
         body = tracked.body

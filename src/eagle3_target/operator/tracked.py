@@ -27,9 +27,6 @@ class Tracked:
     mounts: dict[str, str] = field(default_factory=dict)  # pod -> its volume's FailedMount message
     # groups given back for want of nodes: ordinal -> (not created again before, why)
     held: dict[int, tuple[float, str]] = field(default_factory=dict)
-    # a pod event's pass waits for the lock: later pod events of this target leave it to that pass, which reads
-    # the index (already holding their state) once it starts, instead of queueing one pass each
-    pass_waiting: bool = False
 
     async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
         """On full passes: what pods stuck creating their containers wait on, from their Events."""
