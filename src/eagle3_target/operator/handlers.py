@@ -155,15 +155,15 @@ async def on_target(event: dict, body: kopf.Body, memo: kopf.Memo, target_pods: 
     if event.get("type") == "DELETED":
         memo.targets.pop(key, None)  # its lock and expectations go with it
         return
-    tracked = memo.targets.setdefault(key, Tracked(body={}))
+    if (tracked := memo.targets.setdefault(key, Tracked(body={}))).wrote(dict(body)):
+        return  # the echo of this operator's own status write: the pass that wrote it saw this state
     tracked.body = copy.deepcopy(dict(body))
     await reconcile(tracked, memo, target_pods, full=True)
 
 
 @kopf.on.event("pods", labels=POD_LABELS)
 async def on_pod(namespace: str, labels: dict, memo: kopf.Memo, target_pods: kopf.Index, **_: Any) -> None:
-    """Readiness, phase and deletion of a pod move its target on at once (the children are left to the
-    target's own events and the resync)."""
+    """A pod's readiness, phase or deletion moves its target on at once (children: its events, the resync)."""
     tracked = memo.targets.get((namespace, labels[builders.TARGET_LABEL]))
     if tracked is not None:
         await reconcile(tracked, memo, target_pods, full=False)

@@ -28,6 +28,11 @@ class Tracked:
     # groups given back for want of nodes: ordinal -> (not created again before, why)
     held: dict[int, tuple[float, str]] = field(default_factory=dict)
 
+    def wrote(self, body: dict) -> bool:
+        """Whether body is the version this operator's last status write returned (so nothing new)."""
+        version = body.get("metadata", {}).get("resourceVersion")
+        return version is not None and version == self.body.get("metadata", {}).get("resourceVersion")
+
     async def read_mounts(self, pods: list[PodState], children: Children, namespace: str, now: float) -> None:
         """On full passes: what pods stuck creating their containers wait on, from their Events."""
         stuck = [p for p in pods if p.creating_since is not None and now - p.creating_since >= MOUNT_GRACE]
