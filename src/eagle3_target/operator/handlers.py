@@ -165,7 +165,8 @@ async def on_target(event: dict, body: kopf.Body, memo: kopf.Memo, target_pods: 
 async def on_pod(namespace: str, labels: dict, memo: kopf.Memo, target_pods: kopf.Index, **_: Any) -> None:
     """A pod's readiness, phase or deletion moves its target on at once (children: its events, the resync)."""
     tracked = memo.targets.get((namespace, labels[builders.TARGET_LABEL]))
-    if tracked is not None:
+    if tracked is not None and not tracked.pass_waiting:
+        tracked.pass_waiting = True
         await reconcile(tracked, memo, target_pods, full=False)
 
 
@@ -187,6 +188,7 @@ def _desired_replicas(spec: dict, pods: list[PodState]) -> int:
 
 async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, full: bool) -> None:
     async with tracked.lock:  # events and the resync run concurrently for one target
+        tracked.pass_waiting = False  # from here on, this pass reads every pod event so far from the index
         if not memo.leader.is_leader:
             return
         body = tracked.body

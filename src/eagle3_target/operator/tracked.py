@@ -27,6 +27,9 @@ class Tracked:
     mounts: dict[str, str] = field(default_factory=dict)  # pod -> its volume's FailedMount message
     # groups given back for want of nodes: ordinal -> (not created again before, why)
     held: dict[int, tuple[float, str]] = field(default_factory=dict)
+    # a pod event's pass waits for the lock: later pod events of this target leave it to that pass, which reads
+    # the index (already holding their state) once it starts, instead of queueing one pass each
+    pass_waiting: bool = False
 
     def wrote(self, body: dict) -> bool:
         """Whether body is the version this operator's last status write returned (so nothing new)."""
