@@ -129,6 +129,12 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
     assert condition["reason"] == "NoEvictionAllowed" and "allows no eviction" in condition["message"]
     assert kubectl.json("-n", namespace, "get", "pdb", "llama")["spec"]["maxUnavailable"] == 0
     pod = eventually(lambda: serving(kubectl, namespace), timeout=90, what="the replica serving")[0]
+
+    def counted_healthy():  # until the disruption controller counts the pod healthy, AlwaysAllow lets it go
+        status = kubectl.json("-n", namespace, "get", "pdb", "llama").get("status", {})
+        return status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0
+
+    eventually(counted_healthy, timeout=60, what="the budget counting the replica healthy")
     eviction = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
