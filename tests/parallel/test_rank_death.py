@@ -111,3 +111,29 @@ def test_a_rank_a_follower_node_started_dying_stops_that_node_and_the_leader(tmp
         follower.process.wait(8)
         assert follower.process.returncode != 0
         assert_503_then_exit(leader, start)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_node_stopped_while_it_waits_for_its_head_exits_and_leaves_no_rank(tmp_path, signum):
+    """Node-rank 1 of two ranks per node, its head never started: its `serve` and the rank it started wait.
+    SIGTERM (a pod deleted) ends it at once with code 0; SIGKILL leaves its rank to see its parent gone."""
+    model = write_split_llama(
+        tmp_path / "model", hidden_size=128, num_attention_heads=4, num_key_value_heads=4
+    )
+    flags = ["--model", str(model), "--tensor-parallel-size", "4", "--nnodes", "2"]
+    flags += ["--master-port", str(free_port()), "--node-rank", "1"]
+    node = TargetProcess("127.0.0.1", *flags)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ranks := children(node.process.pid)):
+            assert node.process.poll() is None and time.monotonic() < deadline, "no rank process started"
+            time.sleep(0.2)
+        time.sleep(1)  # the rank is waiting too
+        os.kill(node.process.pid, signum)
+        node.process.wait(5)
+        took = wait_gone(ranks, WITHIN)
+        print(f"{signal.Signals(signum).name}: the rank exited {took:.1f} s after its node's serve")
+        if signum == signal.SIGTERM:
+            assert node.process.returncode == 0
+    finally:
+        node.kill()

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from typing import NoReturn
 
 from aiohttp import web
@@ -28,18 +29,31 @@ async def serve_follower(engine: str, options: dict, *socks: socket.socket) -> i
         site = web.SockSite(runner, sock)
         await site.start()
         log.info("listening on %s (/livez only)", site.name)
-    signalled = asyncio.Event()
+    signalled, ended = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, signalled.set)
-    following = asyncio.create_task(asyncio.to_thread(follow_runner, engine, **options))
-    waiting = asyncio.create_task(signalled.wait())
-    await asyncio.wait([following, waiting], return_when=asyncio.FIRST_COMPLETED)
+    failure: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            follow_runner(engine, **options)
+        except BaseException as exc:  # noqa: BLE001 - reported below, as the process's exit code
+            failure.append(exc)
+        loop.call_soon_threadsafe(ended.set)
+
+    # A daemon thread, not asyncio.to_thread: asyncio.run would wait for the executor's threads at exit,
+    # and a rank still waiting for its head would keep a SIGTERM'd follower alive for minutes.
+    threading.Thread(target=follow, daemon=True, name="eagle3-follow").start()
+    waits = [asyncio.ensure_future(event.wait()) for event in (signalled, ended)]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
     await runner.cleanup()
     if signalled.is_set():
-        return 0
-    if following.exception() is not None:
-        log.error("following node-rank 0 failed: %s", following.exception())
+        return 0  # this node's ranks and workers follow it out (lifeline.py)
+    if failure:
+        log.error("following node-rank 0 failed: %s", failure[0])
         return 1
     log.info("the replica ended")
     return 0

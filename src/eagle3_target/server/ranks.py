@@ -5,7 +5,8 @@ eagle3_target.server.ranks``), so no launcher is asked of the user. Rank 0 hosts
 store; every other rank adds to a heartbeat counter in it each second. Death is seen three ways:
 rank 0 polls its own children and the counters (a counter that stops for ``STALE_AFTER`` seconds is
 a dead rank); every other rank exits at once when the store stops answering (rank 0 is gone), when
-its parent dies (a rank started by a node's `serve`) or when one of its own children dies.
+its parent dies (a rank started by a node's `serve`, from its first moment: lifeline.py) or when one of
+its own children dies.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from .lifeline import exit_with_parent
 from .parallel import ParallelLayout
 
 log = logging.getLogger("eagle3_target.server.ranks")  # the same name when run as __main__
@@ -62,7 +64,6 @@ class RankGroup:
         threading.Thread(target=self._watch, name=f"rank-{self.rank}-watchdog", daemon=True).start()
 
     def _watch(self) -> None:
-        parent = os.getppid()
         beat = None if self.rank == 0 else _client(self.spec, datetime.timedelta(seconds=5))
         while self.dead is None:
             dead_child = next((c for c in self.children if c.poll() is not None), None)
@@ -75,8 +76,6 @@ class RankGroup:
                     beat.add(f"beat/{self.rank}", 1)
                 except Exception as exc:  # noqa: BLE001 - any failure means rank 0's store is gone
                     self._lost(f"rank 0 is gone ({type(exc).__name__})")
-                if self.spec.local_rank and os.getppid() != parent:
-                    self._lost("its serve process is gone")
             time.sleep(BEAT_EVERY)
 
     def _check_beats(self) -> None:
@@ -129,7 +128,8 @@ def join(layout: ParallelLayout, options: dict, device: str) -> RankGroup:
 
 
 def _start(spec: RankSpec) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", __name__, json.dumps(asdict(spec))])
+    # this process's pid too: the child sees it gone even if it goes while the child imports torch
+    return subprocess.Popen([sys.executable, "-m", __name__, json.dumps(asdict(spec)), str(os.getpid())])
 
 
 def _join(spec: RankSpec, children, store, device: str) -> RankGroup:
@@ -182,6 +182,7 @@ def rank_device(device: str, local_rank: int) -> str:
 
 def main(argv: list[str]) -> int:
     """A rank started by a node's `serve`: join, load the same model, follow rank 0 until the replica ends."""
+    exit_with_parent(int(argv[1]))  # from the start: joining may wait minutes for ranks that never come
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = RankSpec(**json.loads(argv[0]))
     if spec.options.get("engine") == "sglang":

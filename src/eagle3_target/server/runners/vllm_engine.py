@@ -9,8 +9,6 @@ import importlib.util
 import ipaddress
 import logging
 import os
-import threading
-import time
 
 import torch
 
@@ -54,6 +52,10 @@ def gpu_ids(device: str, tensor_parallel_size: int) -> list[int] | None:
     return list(range(first, first + tensor_parallel_size))
 
 
+# Imported by vLLM in each worker process only (importing it ends the importer with its parent).
+WORKER_LIFE = "eagle3_target.server.runners.vllm_worker_life.ExitWithParent"
+
+
 def engine_args(
     model: str,
     *,
@@ -80,6 +82,7 @@ def engine_args(
             node_rank=parallel.node_rank,
             master_addr=parallel.master_addr,
             master_port=parallel.master_port,
+            worker_extension_cls=WORKER_LIFE,  # each worker exits with its parent, from its start
         )
     return dict(
         model=model,
@@ -111,13 +114,12 @@ def is_loopback(host: str) -> bool:
 
 def start_engine(**args):
     """vLLM's LLM with its engine core in this process, so that the runner reaches its workers' models;
-    every rank made ready for the first request and tied to its parent's life."""
+    every rank made ready for the first request (and tied to its parent's life: WORKER_LIFE)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
     llm = LLM(**args)
     llm.collective_rpc(prepare_pipeline)
-    llm.collective_rpc(exit_with_parent)
     return llm
 
 
@@ -133,17 +135,3 @@ def prepare_pipeline(worker) -> None:
     runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
         batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
     )
-
-
-def exit_with_parent(worker, period: float = 1.0) -> None:
-    """End this worker soon after the process that started it is gone, whatever the worker is doing
-    (vLLM's own parent watch only closes its queues, and a worker in a collective never sees that)."""
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(period)
-        log.error("vLLM worker %d: its parent process %d is gone; exiting", os.getpid(), parent)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="eagle3-exit-with-parent").start()
