@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -128,43 +127,3 @@ def test_killing_the_other_node_makes_the_head_answer_503_and_exit(order_one_dir
         head.kill()
         follower.kill()
         follower.wait()
-
-
-def waiting_in_start_up(pid: int) -> bool:
-    """A spawned vLLM worker past its imports and set-up, joining its group: it holds a socket (its pipes to
-    the parent are plain pipes until then)."""
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        return b"spawn_main" in command and any("socket:" in os.readlink(fd) for fd in fds)
-    except OSError:  # gone, or a descriptor closed while looked at
-        return False
-
-
-def test_a_node_killed_while_its_engine_starts_leaves_no_worker(order_one_dir):
-    """Node-rank 1 started alone: its vLLM worker, set up, waits in start-up for the head's rank. SIGKILL
-    its `serve`: the worker, not yet watched by vLLM, sees its parent gone (vllm_worker_life.py)."""
-    os.environ.update({k: os.environ.get(k, v) for k, v in NODE_ENV.items()})
-    flags = [
-        "--engine",
-        "vllm",
-        "--model",
-        order_one_dir,
-        "--dtype",
-        "float32",
-        "--tensor-parallel-size",
-        "2",
-    ]
-    flags += ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    node = TargetProcess("127.0.0.1", *flags, "--node-rank", "1")
-    try:
-        deadline = time.monotonic() + 900
-        while not (workers := [pid for pid in children(node.process.pid) if waiting_in_start_up(pid)]):
-            assert node.process.poll() is None and time.monotonic() < deadline, "no vLLM worker set up"
-            time.sleep(0.5)
-        node.process.kill()
-        killed = time.monotonic()
-        assert not wait_gone(workers, killed + 30), "orphan vLLM workers"
-        print(f"the worker exited {time.monotonic() - killed:.1f} s after its node's serve was killed")
-    finally:
-        node.kill()
