@@ -108,8 +108,9 @@ def run_call(runner, call, device):
     return _whole(getattr(runner, name)(*moved(args, device), **moved(kwargs, device)))
 
 
-class HFParallelRunner:
-    """Rank 0 of a split hf replica: the server's runner. Each call is run by every rank."""
+class LeadingRunner:
+    """Rank 0 of a split replica (hf or sglang): the server's runner. Each call is run by every rank; tensors
+    travel on the CPU and each rank takes them to its own device."""
 
     def __init__(self, inner, group: RankGroup, layout: ParallelLayout):
         self.inner, self.group = inner, group
@@ -119,6 +120,20 @@ class HFParallelRunner:
     def _everywhere(self, name: str, *args, **kwargs):
         dist.broadcast_object_list([(name, moved(args, "cpu"), moved(kwargs, "cpu"))], src=0)
         return run_call(self.inner, (name, args, kwargs), self._device)
+
+    def healthy(self) -> bool:
+        """False once any rank of the replica is gone (ranks.py's watchdog)."""
+        return self.group.dead is None
+
+    def close(self) -> None:
+        if dist.is_initialized() and self.group.dead is None:
+            dist.broadcast_object_list([STOP], src=0)
+        self.group.stop_children()
+        self.inner.close()
+
+
+class HFParallelRunner(LeadingRunner):
+    """Rank 0 of a split hf replica."""
 
     def forward(self, input_ids, attention_mask, **packed):
         return self._everywhere("forward", input_ids, attention_mask, **packed)
@@ -137,16 +152,6 @@ class HFParallelRunner:
 
     def weight(self, name: str) -> torch.Tensor:
         return self._everywhere("weight", name)
-
-    def healthy(self) -> bool:
-        """False once any rank of the replica is gone (ranks.py's watchdog)."""
-        return self.group.dead is None
-
-    def close(self) -> None:
-        if dist.is_initialized() and self.group.dead is None:
-            dist.broadcast_object_list([STOP], src=0)
-        self.group.stop_children()
-        self.inner.close()
 
 
 def load(options: dict, layout: ParallelLayout) -> HFParallelRunner:

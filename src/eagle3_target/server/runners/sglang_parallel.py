@@ -10,16 +10,14 @@ preflight refuses pipeline parallel, several nodes and a CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import torch
-import torch.distributed as dist
 
 from ..parallel import ParallelLayout
 from ..ranks import RankGroup, join, rank_device
-from .base import Captured, ForwardInputs, RunnerInfo
-from .hf_parallel import STOP, follow_calls, moved, run_call
+from .base import Captured, ForwardInputs
+from .hf_parallel import LeadingRunner, follow_calls
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +30,8 @@ def rank_options(options: dict, group: RankGroup) -> dict:
     return {**load, "device": device, "tp_rank": spec.rank, "tp_size": spec.world_size}
 
 
-class SGLangParallelRunner:
-    """Rank 0 of a split sglang replica: the server's runner. Each call is run by every rank."""
-
-    def __init__(self, inner, group: RankGroup, layout: ParallelLayout):
-        self.inner, self.group = inner, group
-        self.info: RunnerInfo = dataclasses.replace(inner.info, parallel=layout.describe())
-        self._device = inner.info.device
-
-    def _everywhere(self, name: str, *args):
-        # tensors travel on the CPU: each rank takes them to its own GPU
-        dist.broadcast_object_list([(name, moved(args, "cpu"), {})], src=0)
-        return run_call(self.inner, (name, args, {}), self._device)
+class SGLangParallelRunner(LeadingRunner):
+    """Rank 0 of a split sglang replica."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         return self._everywhere("forward", input_ids, attention_mask)
@@ -56,16 +44,6 @@ class SGLangParallelRunner:
 
     def input_embeddings(self) -> torch.Tensor:
         return self._everywhere("input_embeddings")
-
-    def healthy(self) -> bool:
-        """False once any rank of the replica is gone (ranks.py's watchdog)."""
-        return self.group.dead is None
-
-    def close(self) -> None:
-        if dist.is_initialized() and self.group.dead is None:
-            dist.broadcast_object_list([STOP], src=0)
-        self.group.stop_children()
-        self.inner.close()
 
 
 def load(options: dict, layout: ParallelLayout) -> SGLangParallelRunner:
