@@ -38,37 +38,127 @@ def test_shift_names_any_capture_and_true_reads_as_before():
 
 
 @pytest.mark.parametrize(
-    ("fields", "error"),
+    ("fields", "error", "detail"),
     [
-        (dict(layers=(1, 1)), "duplicate_layer"),
-        (dict(layers=(-2,)), "layer_out_of_range"),
-        (dict(layers=(True,)), "bad_features"),
-        (dict(), "bad_features"),  # asks for nothing
-        (dict(layers=(1,), logits="draft_probs"), "bad_features"),  # draft_probs are shifted
-        (dict(layers=(1,), shift=True), "bad_features"),  # nothing that true shifts
-        (dict(layers=(1,), shift=("logits",)), "bad_features"),  # not asked for
-        (dict(layers=(1,), shift=("hidden_states", "hidden_states")), "bad_features"),
-        (dict(layers=(1,), shift="hidden_states"), "bad_features"),
-        (dict(layers=(1,), logits="draft_probs", shift=("hidden_states",)), "bad_features"),
-        (dict(final_hidden=1), "bad_features"),
-        (dict(logits="softmax"), "bad_features"),
-        (dict(layers=tuple(range(300))), "bad_features"),
+        (dict(layers=(1, 1)), "duplicate_layer", "layers [1] are asked for more than once"),
+        (dict(layers=(-2,)), "layer_out_of_range", "layer ids are -1 (the embeddings) or above, got [-2]"),
+        (dict(layers=(True,)), "bad_features", "layers must be integers, got [True]"),
+        (dict(), "bad_features", "the request asks for nothing: name layers, final_hidden or logits"),
+        (
+            dict(layers=(1,), logits="draft_probs"),
+            "bad_features",
+            "draft_probs are EAGLE-3's shifted supervision: shift the logits",
+        ),
+        (
+            dict(layers=(1,), shift=True),
+            "bad_features",
+            "shift=true shifts the logits and the image mask: ask for one",
+        ),
+        (
+            dict(layers=(1,), final_hidden=True, shift=("logits",)),
+            "bad_features",
+            "shift names captures asked for (hidden_states, final_hidden) once each: ('logits',)",
+        ),
+        (
+            dict(layers=(1,), shift=("hidden_states", "hidden_states")),
+            "bad_features",
+            "shift names captures asked for (hidden_states) once each: ('hidden_states', 'hidden_states')",
+        ),
+        (
+            dict(layers=(1,), shift="hidden_states"),
+            "bad_features",
+            "shift is true, false or a list of hidden_states, final_hidden, logits, image_mask",
+        ),
+        (
+            dict(layers=(1,), logits="draft_probs", shift=("hidden_states",)),
+            "bad_features",
+            "draft_probs are EAGLE-3's shifted supervision: shift the logits",
+        ),
+        (dict(final_hidden=1), "bad_features", "final_hidden and image_mask are true or false"),
+        (
+            dict(layers=(1,), image_mask="yes"),
+            "bad_features",
+            "final_hidden and image_mask are true or false",
+        ),
+        (dict(logits="softmax"), "bad_features", "logits is one of none, full, draft_probs, got 'softmax'"),
+        (dict(layers=tuple(range(-1, 256))), "bad_features", "at most 256 layers, got 257"),
     ],
 )
-def test_a_malformed_request_names_what_is_wrong(fields, error):
+def test_a_malformed_request_names_what_is_wrong(fields, error, detail):
+    """The server answers with these words (a 4xx's "detail"), so they are checked whole."""
     with pytest.raises(FeatureError) as err:
         Features(**fields)
-    assert err.value.error == error and err.value.detail
+    assert (err.value.error, err.value.detail, str(err.value)) == (error, detail, detail)
+
+
+def test_any_one_capture_is_a_request_and_256_layers_are_allowed():
+    assert Features(logits="full").captures == ("logits",)
+    assert Features(image_mask=True).reply_keys == ("image_mask",)
+    assert len(Features(layers=tuple(range(-1, 255))).layers) == 256
+
+
+def test_a_header_up_to_its_limit_is_read_and_one_past_it_is_refused():
+    text = '{"layers":[1],"image_mask":true}'
+    padded = text[:-1] + " " * (4096 - len(text)) + "}"  # JSON whitespace up to exactly 4096 characters
+    assert len(padded) == 4096
+    assert Features.from_header(padded) == Features(layers=(1,), image_mask=True)
+    with pytest.raises(FeatureError) as err:
+        Features.from_header(padded[:-1] + " }")
+    assert (err.value.error, err.value.detail) == (
+        "bad_features",
+        "the features header is over 4096 characters",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ("[1]", "the features header is a JSON object"),
+        ('{"layers":5}', "layers is a list of integers"),
+        ('{"layers":[1],"colour":"red","Shift":true}', "unknown feature fields ['Shift', 'colour']"),
+        (
+            '{"layers":[1',
+            "the features header is not JSON: Expecting ',' delimiter: line 1 column 13 (char 12)",
+        ),
+    ],
+)
+def test_a_header_that_is_not_a_request_names_what_is_wrong(text, detail):
+    with pytest.raises(FeatureError) as err:
+        Features.from_header(text)
+    assert (err.value.error, err.value.detail) == ("bad_features", detail)
+
+
+def test_needs_names_the_capabilities_each_capture_takes():
+    assert Features(layers=(0,)).needs() == ("layers",)  # layer 0 is a decoder layer's output
+    assert Features(layers=(-1,)).needs() == ("embedding_output",)
+    features = Features(layers=(2,), logits="draft_probs", shift=True, image_mask=True)
+    assert features.needs() == ("layers", "draft_probs", "image_mask")
+    assert features.reply_keys == (
+        "hidden_states",
+        "target_probs",
+        "position_mask",
+        "input_ids",
+        "loss_mask",
+        "image_mask",
+    )
 
 
 def test_check_against_a_server_names_the_layers_and_capabilities_it_lacks():
     features = Features(layers=(3, 8, -1), final_hidden=True)
-    with pytest.raises(FeatureError, match=r"layers \[8\] are out of range.*0\.\.7"):
+    with pytest.raises(FeatureError) as err:
         features.check(8, ("layers", "embedding_output", "final_hidden"))
-    with pytest.raises(FeatureError, match="cannot capture embedding_output, final_hidden"):
-        features.check(9, ("layers",))
-    with pytest.raises(FeatureError, match="offers no feature requests"):
-        features.check(9, None)  # a stock NeMo server
+    assert (err.value.error, err.value.detail) == (
+        "layer_out_of_range",
+        "layers [8] are out of range: the server's target has layers 0..7 (and -1, the embeddings)",
+    )
+    with pytest.raises(FeatureError) as err:
+        features.check(9, ("layers", "logits"))
+    assert (err.value.error, err.value.detail) == (
+        "feature_not_offered",
+        "the server cannot capture embedding_output, final_hidden (it offers layers, logits)",
+    )
+    with pytest.raises(FeatureError, match=r"^http://a cannot capture .* \(it offers no feature requests\)$"):
+        features.check(9, None, "http://a")  # a stock NeMo server
     features.check(9, ("layers", "embedding_output", "final_hidden"))
 
 
