@@ -3,6 +3,7 @@ settings, and how read_limited and parse_json treat bodies within, at and over t
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
@@ -26,7 +27,17 @@ async def _serve(handler):
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/reply"
 
 
-def _replying(payload: bytes, *, chunked: bool = False, headers: dict | None = None):
+def _replying(
+    payload: bytes,
+    *,
+    chunked: bool = False,
+    headers: dict | None = None,
+    piece: int = 100,
+    pause: float = 0.0,
+):
+    """A handler that writes ``payload`` in pieces; with a pause after each, the client reads each one apart
+    (server and client share the event loop, which the pause hands to the client)."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers=headers or {})
         if chunked:
@@ -34,8 +45,10 @@ def _replying(payload: bytes, *, chunked: bool = False, headers: dict | None = N
         else:
             response.content_length = len(payload)
         await response.prepare(request)
-        for start in range(0, len(payload), 100):  # several chunks, so the limit falls inside one
-            await response.write(payload[start : start + 100])
+        for start in range(0, len(payload), piece):  # several chunks, so the limit falls inside one
+            await response.write(payload[start : start + piece])
+            if pause:
+                await asyncio.sleep(pause)
         await response.write_eof()
         return response
 
@@ -89,6 +102,17 @@ async def test_a_truncated_read_keeps_the_first_limit_bytes(chunked):
     """Error bodies: what fits is kept, declared length or not, and the rest is not an error."""
     payload = bytes(range(250)) * 8
     assert await _read(_replying(payload, chunked=chunked), 1050, truncate=True) == payload[:1050]
+
+
+async def test_a_chunked_body_read_in_several_chunks_is_joined_and_bounded_across_them():
+    """Without a Content-Length the limit counts every chunk read so far, not only the last one."""
+    payload = bytes(range(200)) * 6
+    got = await _read(_replying(payload[:800], chunked=True, piece=400, pause=0.05), 1000)
+    assert got == payload[:800]
+    with pytest.raises(ReplyTooLarge, match=r"/reply: body passed the limit of 1000 bytes$"):
+        await _read(_replying(payload, chunked=True, piece=600, pause=0.05), 1000)
+    truncated = await _read(_replying(payload, chunked=True, piece=600, pause=0.05), 1000, truncate=True)
+    assert truncated == payload[:1000]
 
 
 async def test_a_compressed_body_is_refused_unless_truncated():

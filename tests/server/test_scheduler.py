@@ -170,7 +170,117 @@ def test_priority_class_is_one_of_three_and_bounded_by_the_server():
     assert priority_class(None, "normal") == "normal"
     assert priority_class(" Low ", "normal") == "low"
     assert priority_class("high", "high") == "high"
-    with pytest.raises(Forbidden, match="grants priority up to 'normal'"):
+    with pytest.raises(Forbidden) as refused:
         priority_class("high", "normal")
-    with pytest.raises(InvalidInput, match="not one of low, normal, high"):
+    assert (refused.value.error, refused.value.detail) == (
+        "priority_not_allowed",
+        "this server grants priority up to 'normal', not 'high'",
+    )
+    with pytest.raises(InvalidInput) as refused:
         priority_class("urgent", "high")
+    assert (refused.value.error, refused.value.detail) == (
+        "invalid_priority",
+        "priority 'urgent' is not one of low, normal, high",
+    )
+
+
+async def _holding(scheduler: FairScheduler, session: str, served: list[str] | None = None):
+    """A request that takes its turn and holds it until the returned event is set."""
+    done = asyncio.Event()
+
+    async def request() -> None:
+        async with scheduler.turn(session, 10):
+            if served is not None:
+                served.append(session)
+            await done.wait()
+
+    task = asyncio.create_task(request())
+    await asyncio.sleep(0)
+    return task, done
+
+
+async def _refused(scheduler: FairScheduler, session: str) -> QueueFull:
+    with pytest.raises(QueueFull) as refused:
+        async with scheduler.turn(session, 10):
+            pass
+    return refused.value
+
+
+async def test_retry_after_is_the_mean_turn_times_the_requests_ahead():
+    """Retry-After: the moving mean of a turn's length (the first turn as it was, then each new one weighing
+    0.2) times the requests waiting plus the one asking, rounded up, and at least a second."""
+    now = [0.0]
+    registry = CollectorRegistry()
+    wait = Histogram("w", "", ["priority"], registry=registry)
+    scheduler = FairScheduler(max_queued_per_session=1, wait_seconds=wait, clock=lambda: now[0])
+    a1, a1_done = await _holding(scheduler, "a")
+    now[0] = 1.0
+    a2, a2_done = await _holding(scheduler, "a")
+    refused = await _refused(scheduler, "a")  # no turn has ended: nothing to go by but the floor
+    assert (refused.error, refused.retry_after) == ("too_many_queued", 1)
+    assert refused.detail == (
+        "this session already has 1 requests queued (--max-queued-per-session 1); retry after 1s"
+    )
+    now[0] = 4.0
+    a1_done.set()  # a 4-second turn; a2, queued at 1 s, takes the next
+    await a1
+    assert registry.get_sample_value("w_sum", {"priority": "normal"}) == 3.0  # 0 s for a1, 3 s for a2
+    b, b_done = await _holding(scheduler, "b")
+    a3, a3_done = await _holding(scheduler, "a")
+    assert scheduler.waiting == 2
+    assert (await _refused(scheduler, "a")).retry_after == 12  # 4 s x (2 waiting + 1)
+    now[0] = 13.0
+    a2_done.set()  # a 9-second turn: the mean is 4 + 0.2 x (9 - 4) = 5 s; b's tag is before a3's
+    await a2
+    assert scheduler.waiting == 1
+    assert (await _refused(scheduler, "a")).retry_after == 10  # 5 s x (1 waiting + 1)
+    b_done.set()
+    a3_done.set()
+    await asyncio.gather(b, a3)
+
+
+async def test_a_request_taking_its_turn_leaves_its_sessions_count_and_frees_a_place():
+    scheduler = FairScheduler(max_queued_per_session=2)
+    first, first_done = await _holding(scheduler, "a")
+    rest = [await _holding(scheduler, "a") for _ in range(2)]
+    assert scheduler.queued("a") == 2
+    first_done.set()
+    await first
+    assert scheduler.queued("a") == 1 and scheduler.waiting == 1
+    rest.append(await _holding(scheduler, "a"))  # the place the turn freed
+    await _refused(scheduler, "a")
+    for _, done in rest:
+        done.set()
+    await asyncio.gather(*(task for task, _ in rest))
+    assert scheduler.queued("a") == 0 and scheduler.waiting == 0
+
+
+async def test_equal_tags_are_served_in_arrival_order():
+    """Sessions that each queue one request while another computes all start at the same virtual time."""
+    scheduler = FairScheduler()
+    served: list[str] = []
+    holder, holder_done = await _holding(scheduler, "x")
+    names = [f"s{i}" for i in range(8)]
+    queued = [await _holding(scheduler, name, served) for name in names]
+    holder_done.set()
+    for task, done in queued:
+        done.set()
+        await task
+    assert served == names
+    await holder
+
+
+async def test_a_session_is_forgotten_once_its_last_request_ends_at_or_before_virtual_time():
+    """The virtual end of each session is kept only while it can still order a request: the scheduler's memory
+    follows the sessions in contention, not every session it has served."""
+    scheduler = FairScheduler()
+    a1, a1_done = await _holding(scheduler, "a")  # tag 0, ends at 10
+    b, b_done = await _holding(scheduler, "b")  # tag 0, ends at 10
+    a2, a2_done = await _holding(scheduler, "a")  # tag 10, ends at 20
+    a1_done.set()
+    await a1
+    b_done.set()
+    await b  # a2 takes the turn: virtual time 10, when b's only request ended
+    assert set(scheduler._finish) == {"a"}
+    a2_done.set()
+    await a2
