@@ -8,6 +8,7 @@ import gzip
 import json
 import socket
 
+import aiohttp
 import pytest
 import torch
 from aiohttp import web
@@ -151,6 +152,26 @@ async def test_the_session_asks_for_no_encoding_inflates_nothing_and_ignores_pro
     finally:
         await runner.cleanup()
     assert seen["accept"] is None
+
+
+async def test_the_session_keeps_the_callers_settings():
+    """The pool passes its own connector (no cap on connections per server); a caller's headers are sent."""
+    seen = {}
+
+    async def handler(request: web.Request) -> web.Response:
+        seen["header"] = request.headers.get("X-Caller")
+        return web.Response(body=b"{}")
+
+    connector = aiohttp.TCPConnector(limit=0)
+    runner, url = await _serve(handler)
+    try:
+        async with limits.new_session(connector=connector, headers={"X-Caller": "pool"}) as http:
+            assert http.connector is connector
+            async with http.post(url) as response:
+                assert await response.read() == b"{}"
+    finally:
+        await runner.cleanup()
+    assert seen["header"] == "pool"
 
 
 def test_json_is_parsed():
