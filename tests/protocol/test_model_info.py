@@ -123,3 +123,67 @@ def test_a_malformed_parallel_layout_is_named(value, message):
     with pytest.raises(ModelInfoError) as error:
         ModelInfo.from_json({**NEMO, "parallel": value})
     assert str(error.value).startswith(message), str(error.value)
+
+
+@pytest.mark.parametrize(
+    "field, low, high",
+    [
+        ("num_hidden_layers", 29, 4096),  # 29: the aux layers [1, 15, 28] must lie inside it
+        ("hidden_size", 0, 1 << 17),  # 0: the model's config lacks it (NeMo's rule)
+        ("vocab_size", 1, 1 << 24),
+        ("nccl_port", 1, 65535),
+    ],
+)
+def test_sizes_no_model_has_are_refused_at_both_ends(field, low, high):
+    """A client sizes its buffers from these numbers: each is bounded, both bounds included."""
+    for value in (low, high):
+        assert getattr(ModelInfo.from_json({**NEMO, field: value}), field) == value
+    lowest = 1 if field == "num_hidden_layers" else low  # below 29 layers the aux layers fall outside first
+    for value in (lowest - 1, high + 1):
+        with pytest.raises(ModelInfoError) as error:
+            ModelInfo.from_json({**NEMO, field: value})
+        assert str(error.value) == f"/model_info {field} {value} is outside [{lowest}, {high}]"
+
+
+def test_aux_layer_ids_lie_inside_the_models_layers():
+    assert ModelInfo.from_json({**NEMO, "aux_layer_ids": [0, 15, 31]}).aux_layer_ids == (0, 15, 31)
+    for ids, bad in (([-1, 15, 28], [-1]), ([1, 15, 32], [32])):
+        with pytest.raises(ModelInfoError) as error:
+            ModelInfo.from_json({**NEMO, "aux_layer_ids": ids})
+        assert str(error.value) == f"/model_info aux_layer_ids {bad} are outside the model's 32 layers"
+
+
+def test_at_most_64_aux_layer_ids_are_read():
+    assert len(ModelInfo.from_json({**NEMO, "aux_layer_ids": [1] * 64}).aux_layer_ids) == 64
+    for ids in ([1] * 65, 3):
+        with pytest.raises(ModelInfoError) as error:
+            ModelInfo.from_json({**NEMO, "aux_layer_ids": ids})
+        assert str(error.value) == (
+            f"/model_info aux_layer_ids is malformed (not a list of at most 64 ids): {ids!r:.100}"
+        )
+
+
+@pytest.mark.parametrize("field", ["encodings", "features", "weights", "modalities"])
+def test_each_list_field_is_read_as_at_most_64_names_of_at_most_64_characters(field):
+    names = ["a" * 65, *(f"n{i}" for i in range(70))]
+    info = ModelInfo.from_json({**NEMO, field: names})
+    assert getattr(info, field) == ("a" * 64, *(f"n{i}" for i in range(63)))
+    with pytest.raises(ModelInfoError) as error:
+        ModelInfo.from_json({**NEMO, field: "layers"})
+    assert str(error.value) == f"/model_info {field} is not a list: 'layers'"
+
+
+@pytest.mark.parametrize("field", ["model", "engine", "dtype", "config_digest", "request_binding"])
+def test_each_text_field_is_read_as_text_of_at_most_512_characters(field):
+    assert getattr(ModelInfo.from_json({**NEMO, field: 5}), field) == "5"
+    assert getattr(ModelInfo.from_json({**NEMO, field: "x" * 600}), field) == "x" * 512
+
+
+def test_the_parallel_layout_is_written_as_a_plain_object_and_bounded():
+    layout = types.MappingProxyType({"tensor_parallel_size": 2})
+    doc = ModelInfo(32, 4096, 128256, (1, 15, 28), parallel=layout).to_json()
+    assert type(doc["parallel"]) is dict and doc["parallel"] == {"tensor_parallel_size": 2}
+    assert ModelInfo.from_json({**NEMO, "parallel": {"nnodes": 1 << 16}}).parallel == {"nnodes": 1 << 16}
+    with pytest.raises(ModelInfoError) as error:
+        ModelInfo.from_json({**NEMO, "parallel": {"nnodes": (1 << 16) + 1}})
+    assert str(error.value) == "/model_info parallel sizes {'nnodes': 65537} are outside [1, 65536]"
