@@ -138,10 +138,10 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
         """One eviction of the serving pod as last read: preconditions (its uid and resourceVersion) make the
         API server decide on exactly that Ready pod, never on a replacement of the same name (Pending pods
         ignore budgets) or on one whose readiness changed since; such a conflict (409) is tried again."""
-        (pod,) = serving(kubectl, namespace)
-        if not counted_healthy():
+        ready = serving(kubectl, namespace)
+        if len(ready) != 1 or not counted_healthy():
             return None
-        meta = pod["metadata"]
+        meta = ready[0]["metadata"]
         eviction = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -155,7 +155,9 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
         return None if "Conflict" in answer.stderr else answer
 
     refused = eventually(evicted_or_refused, timeout=60, what="an eviction decided on the Ready pod")
-    assert refused.returncode != 0 and "disruption budget" in refused.stderr, (refused.stdout, refused.stderr)
+    pdb = kubectl.json("-n", namespace, "get", "pdb", "llama").get("status")
+    seen = [(p["metadata"]["uid"], p["status"]) for p in pods(kubectl, namespace)]
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, (refused, pdb, seen)
 
 
 def test_a_drain_takes_one_replica_at_a_time(hollow_operator, kubectl, namespace, tmp_path):
