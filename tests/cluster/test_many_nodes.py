@@ -142,6 +142,7 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
         if len(ready) != 1 or not counted_healthy():
             return None
         meta = ready[0]["metadata"]
+        before["pod"] = (meta["uid"], meta["resourceVersion"], ready[0]["status"].get("phase"))
         eviction = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -154,10 +155,12 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
         answer = kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction), check=False)
         return None if "Conflict" in answer.stderr else answer
 
+    before = {}
     refused = eventually(evicted_or_refused, timeout=60, what="an eviction decided on the Ready pod")
-    pdb = kubectl.json("-n", namespace, "get", "pdb", "llama").get("status")
-    seen = [(p["metadata"]["uid"], p["status"]) for p in pods(kubectl, namespace)]
-    assert refused.returncode != 0 and "disruption budget" in refused.stderr, (refused, pdb, seen)
+    budget = kubectl.json("-n", namespace, "get", "pdb", "llama")
+    seen = [(p["metadata"]["uid"], p["status"].get("phase")) for p in pods(kubectl, namespace)]
+    after = f"{refused.stdout}{refused.stderr}; then budget {budget['metadata']['uid']} {budget['status']}; pods {seen}; before {before}"
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, after
 
 
 def test_a_drain_takes_one_replica_at_a_time(hollow_operator, kubectl, namespace, tmp_path):
