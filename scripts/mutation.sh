@@ -27,6 +27,9 @@ pool="tests/client/test_client_backend.py tests/client/test_client_discovery.py 
 membership="$pool tests/client/test_client_membership.py tests/client/test_client_waiting.py"
 dispatch="tests/client/test_client_dispatch.py $pool tests/client/test_client_failover.py
   tests/client/test_client_encodings.py tests/client/test_client_priority.py"
+# The operator's pure functions (spec -> manifests, pods -> plan and status), none that starts kmock or a cluster.
+operator="tests/operator/test_builders.py tests/operator/test_manifests.py tests/operator/test_fleet_defaults.py
+  tests/operator/test_groups.py"
 # A key ending in / is a package: every module in it is mutated in one run.
 declare -A TESTS=(
   [protocol/wire.py]="tests/protocol/test_wire.py $hypothesis"
@@ -48,8 +51,8 @@ declare -A TESTS=(
   [client/failover.py]="$dispatch"
   [client/limits.py]="tests/client/test_client_limits.py"
   [client/body.py]="tests/client/test_client_body.py"
-  [operator/planner.py]="tests/operator/test_builders.py tests/operator/test_manifests.py"
-  [operator/status.py]="tests/operator/test_builders.py tests/operator/test_manifests.py"
+  [operator/planner.py]="$operator tests/operator/test_planner.py"
+  [operator/status.py]="$operator tests/operator/test_status.py"
 )
 ORDER=(protocol/wire.py protocol/receive_pool.py protocol/encodings.py protocol/model_info.py
   protocol/supervision.py protocol/binding.py protocol/features.py protocol/families/ server/request.py

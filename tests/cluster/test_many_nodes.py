@@ -128,21 +128,39 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
     condition = eventually(blocked, timeout=60, what="DrainsBlocked=True")
     assert condition["reason"] == "NoEvictionAllowed" and "allows no eviction" in condition["message"]
     assert kubectl.json("-n", namespace, "get", "pdb", "llama")["spec"]["maxUnavailable"] == 0
-    pod = eventually(lambda: serving(kubectl, namespace), timeout=90, what="the replica serving")[0]
+    eventually(lambda: serving(kubectl, namespace), timeout=90, what="the replica serving")
 
     def counted_healthy():  # until the disruption controller counts the pod healthy, AlwaysAllow lets it go
         status = kubectl.json("-n", namespace, "get", "pdb", "llama").get("status", {})
         return status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0
 
-    eventually(counted_healthy, timeout=60, what="the budget counting the replica healthy")
-    eviction = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": pod["metadata"]["name"], "namespace": namespace},
-    }
-    path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/eviction"
-    refused = kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction), check=False)
-    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
+    def evicted_or_refused():
+        """One eviction of the serving pod as last read: preconditions (its uid and resourceVersion) make the
+        API server decide on exactly that Ready pod, never on a replacement of the same name (Pending pods
+        ignore budgets) or on one whose readiness changed since; such a conflict (409) is tried again."""
+        ready = serving(kubectl, namespace)
+        if len(ready) != 1 or not counted_healthy():
+            return None
+        meta = ready[0]["metadata"]
+        before["pod"] = (meta["uid"], meta["resourceVersion"], ready[0]["status"].get("phase"))
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": meta["name"], "namespace": namespace},
+            "deleteOptions": {
+                "preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}
+            },
+        }
+        path = f"/api/v1/namespaces/{namespace}/pods/{meta['name']}/eviction"
+        answer = kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction), check=False)
+        return None if "Conflict" in answer.stderr else answer
+
+    before = {}
+    refused = eventually(evicted_or_refused, timeout=60, what="an eviction decided on the Ready pod")
+    budget = kubectl.json("-n", namespace, "get", "pdb", "llama")
+    seen = [(p["metadata"]["uid"], p["status"].get("phase")) for p in pods(kubectl, namespace)]
+    after = f"{refused.stdout}{refused.stderr}; then budget {budget['metadata']['uid']} {budget['status']}; pods {seen}; before {before}"
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, after
 
 
 def test_a_drain_takes_one_replica_at_a_time(hollow_operator, kubectl, namespace, tmp_path):

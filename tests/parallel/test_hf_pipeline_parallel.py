@@ -12,7 +12,7 @@ import urllib.error
 
 import pytest
 import torch
-from parallel_support import OPENER, L, batch, children, post, replies, two_serve_processes, write_split_llama
+from parallel_support import OPENER, L, batch, children, post, replies, two_serve_processes
 from target_support import TargetProcess, free_port, generate_body
 
 from eagle3_target.protocol import wire
@@ -31,11 +31,6 @@ def answers(url: str) -> dict[str, torch.Tensor]:
         body = post(url, "generate", generate_body(ids, mask, loss), **{FEATURES_HEADER: header})
         got.update({f"dflash{layers}.{k}": v for k, v in wire.decode(bytearray(body)).items()})
     return got
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    return str(write_split_llama(tmp_path_factory.mktemp("split-llama")))
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,8 @@ import json
 import urllib.error
 
 import pytest
-from parallel_support import OPENER, assert_close, post, replies, two_serve_processes, write_split_llama
+from parallel_support import OPENER, assert_close, post, replies, two_serve_processes
 from target_support import TargetProcess, free_port
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    return str(write_split_llama(tmp_path_factory.mktemp("split-llama")))
 
 
 @pytest.fixture(scope="module")

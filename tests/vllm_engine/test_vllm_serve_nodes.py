@@ -107,10 +107,6 @@ async def test_the_head_replies_within_1e_4_and_the_other_node_exits_when_it_is_
         follower.wait()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known regression (issue 39 stays open): the head still answers 200 30 s after node-rank 1 is SIGKILLed",
-)
 def test_killing_the_other_node_makes_the_head_answer_503_and_exit(order_one_dir):
     head, follower = start_replica(order_one_dir)
     try:

@@ -26,7 +26,7 @@ FAILING_REASONS = {
 def parse_time(value: str | None) -> float | None:
     if not value:
         return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return datetime.datetime.fromisoformat(value).timestamp()  # Python >= 3.11 reads the "Z" suffix
 
 
 def _creating_since(waiting: list[dict], scheduled: dict) -> float | None:

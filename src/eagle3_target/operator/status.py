@@ -15,10 +15,6 @@ def format_time(epoch: float) -> str:
     return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def now() -> str:
-    return format_time(datetime.datetime.now(datetime.UTC).timestamp())
-
-
 def condition(type_: str, status: bool, reason: str, message: str, generation: int | None) -> dict:
     result = {"type": type_, "status": "True" if status else "False", "reason": reason, "message": message}
     if generation is not None:

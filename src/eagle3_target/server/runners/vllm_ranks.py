@@ -40,14 +40,15 @@ class Heartbeat:
             wait_for_workers=False,
         )
         now = time.monotonic()
-        self.seen = {node: (-1, now, False) for node in watched}  # count, when it last moved, ever beat
+        self.seen = {node: (-1, now) for node in watched}  # count, when it last moved
         self.gone: str | None = None
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="eagle3-vllm-heartbeat")
         self.thread.start()
 
     def _run(self) -> None:
-        while self.gone is None and not self.stopped.wait(BEAT_S):
+        # The first beat at once: a head ready and a node killed moments later must find it counted.
+        while self.gone is None:
             try:
                 self.store.add(BEAT_KEY.format(self.node), 1)
                 counts = {node: self.store.add(BEAT_KEY.format(node), 0) for node in self.seen}
@@ -55,13 +56,17 @@ class Heartbeat:
                 self.gone = f"the replica's rendezvous store is gone ({exc})"
                 break
             self._check(counts, time.monotonic())
+            if self.stopped.wait(BEAT_S):
+                break
 
     def _check(self, counts: dict[int, int], now: float) -> None:
         for node, count in counts.items():
-            last, since, beat = self.seen[node]
+            last, since = self.seen[node]
             if count != last:
-                self.seen[node] = (count, now, beat or last != -1)
-            elif now - since > (STALE_S if beat else START_S):
+                self.seen[node] = (count, now)
+            # A count above 0 is a node that has beaten, seen moving or not: a node killed before this
+            # watch saw its count move twice is still gone after STALE_S, not START_S.
+            elif now - since > (STALE_S if count > 0 else START_S):
                 self.gone = f"node {node} stopped beating {now - since:.0f} s ago"
 
     def alive(self) -> bool:
