@@ -284,3 +284,21 @@ async def test_a_session_is_forgotten_once_its_last_request_ends_at_or_before_vi
     assert set(scheduler._finish) == {"a"}
     a2_done.set()
     await a2
+
+
+async def test_sessions_served_one_after_another_leave_nothing_behind():
+    """An idle model forgets every session: a thousand one-shot sessions in turn hold no memory, and a session
+    that was served alone before the idle moment starts level with a new one."""
+    scheduler = FairScheduler()
+    for i in range(1000):
+        async with scheduler.turn(f"once-{i}", 100):
+            pass
+    assert scheduler._finish == {}
+    async with scheduler.turn("heavy", 10_000):
+        pass
+    assert await lanes(scheduler, {"heavy": (1, 10, "normal"), "new": (1, 10, "normal")}, 4) == [
+        "heavy",
+        "new",
+        "heavy",
+        "new",
+    ]

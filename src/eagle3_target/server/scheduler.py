@@ -152,6 +152,9 @@ class FairScheduler:
             waiter.granted.set_result(None)
             return
         self._busy = False
+        # Idle: every request has ended, so start-time fair queueing puts virtual time past every finish tag and
+        # all sessions start level. Forgetting them keeps memory flat under one-shot sessions served in turn.
+        self._finish.clear()
 
     def _forget_idle(self) -> None:
         """Drop the virtual ends that no longer matter (at or before virtual time, nothing queued)."""
