@@ -18,6 +18,8 @@ import pytest
 import torch
 from vlm_target import make_vlm_data
 
+from eagle3_target import cli
+
 from .exactness import Family, assert_exact, load_config, recipe_yaml, start_fleet, train, weight_files
 from .minimax_vlm import LAYERS, make_minimax_target
 from .test_dspark_family import sdpa_draft
@@ -101,7 +103,9 @@ def run_remote(target, fleet, out, dataset):
     try:
         return train(recipe, DSPARK_VLM, out / "checkpoints")
     finally:
-        recipe.target_wrapper.close()
+        close = getattr(getattr(recipe, "target_wrapper", None), "close", None)
+        if close is not None:
+            close()
 
 
 @pytest.mark.skip_ok_in_ci  # .ci/extras runs it where torchvision imports (module docstring)
@@ -135,3 +139,12 @@ def test_what_the_fleet_does_not_serve_of_a_minimax_target_is_refused_in_one_lin
     path = recipe_yaml(family, target.config_only, target.chats, tmp_path, remote_target=section)
     with pytest.raises(ValueError, match=message):
         DSPARK_VLM.our_class()(load_config(path))
+
+
+def test_precompute_refuses_a_minimax_target_in_one_line(target, tmp_path, capsys):
+    """NeMo 0.7.0's DSpark cache is text-only and its precompute refuses MiniMax M3 VL: so does ours."""
+    argv = ["precompute", "--family", "dspark", "--endpoints", "http://127.0.0.1:9"]
+    argv += ["--target-model", str(target.config_only), "--input-data", str(target.chats)]
+    assert cli.main([*argv, "--output-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no offline cache in NeMo 0.7.0" in err and len(err.splitlines()) == 1
