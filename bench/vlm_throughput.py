@@ -81,6 +81,8 @@ def build_minimax(small: bool) -> MiniMaxM3SparseForConditionalGeneration:
             rotary_dim=head // 2,
             mlp_layer_types=["dense"] * layers,
             max_position_embeddings=4096,
+            bos_token_id=1,
+            eos_token_id=2,
         ),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2),
         image_token_index=text["vocab_size"] - 1,

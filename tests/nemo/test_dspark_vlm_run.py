@@ -128,8 +128,9 @@ def test_multimodal_dspark_on_the_fleet_is_bit_identical_to_nemos_colocated_reci
     [
         ({"target_layer_ids": [-1, 3]}, "token embedding before the image features are merged in"),
         ({"multimodal": False}, "MiniMax M3 VL with recipe_args.multimodal: true"),
+        ({"target_num_hidden_layers": 2}, "the fleet serves the whole checkpoint"),
     ],
-    ids=["embedding-layer", "text-only"],
+    ids=["embedding-layer", "text-only", "fewer-target-layers"],
 )
 def test_what_the_fleet_does_not_serve_of_a_minimax_target_is_refused_in_one_line(
     target, tmp_path, recipe_args, message

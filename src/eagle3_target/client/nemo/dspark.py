@@ -66,6 +66,11 @@ def refuse_local_only(cfg) -> None:
     if recipe_cfg.get("multimodal", False):
         if config.model_type not in _types.MINIMAX_M3_MODEL_TYPES:
             raise ValueError(f"recipe_args.multimodal takes a MiniMax M3 VL target, not {config.model_type}")
+        if recipe_cfg.get("target_num_hidden_layers", None):
+            raise ValueError(
+                "recipe_args.target_num_hidden_layers cuts NeMo's co-located target; the fleet serves the whole "
+                "checkpoint: serve one with that many layers instead"
+            )
         if -1 in list(recipe_cfg.get("target_layer_ids", None) or ()):
             raise ValueError(
                 "target_layer_ids -1 with recipe_args.multimodal is the token embedding before the image "
