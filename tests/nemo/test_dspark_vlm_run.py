@@ -1,7 +1,8 @@
 """NeMo's multimodal DSpark (TrainDSparkRecipe, recipe_args.multimodal: true) whole: NeMo's co-located recipe and
 ours against two servers of a tiny random MiniMax M3 VL (CPU, float32), on synthetic PNG images through NeMo's own
 image pipeline, seeded before setup(): every micro-batch loss (float32 bits) and every saved draft tensor equal,
-both servers serving, the trainer's copy of the target holding the processor's config but no weights.
+both servers serving, every batch's request submitted ahead by the prefetching loader, the trainer's copy of the
+target holding the processor's config but no weights.
 
 The co-located reference needs CPU shims, here only: NeMo loads a MiniMax M3 target with its expert-parallel
 builder (NeMoAutoModelForImageTextToText on a device mesh), replaced by transformers' own class with SDPA and no
@@ -19,8 +20,18 @@ import torch
 from vlm_target import make_vlm_data
 
 from eagle3_target import cli
+from eagle3_target.client import RemoteTargetBackend
 
-from .exactness import Family, assert_exact, load_config, recipe_yaml, start_fleet, train, weight_files
+from .exactness import (
+    Family,
+    assert_exact,
+    load_config,
+    no_synchronous_capture,
+    recipe_yaml,
+    start_fleet,
+    train,
+    weight_files,
+)
 from .minimax_vlm import LAYERS, make_minimax_target
 from .test_dspark_family import sdpa_draft
 
@@ -110,10 +121,11 @@ def run_remote(target, fleet, out, dataset):
 
 @pytest.mark.skip_ok_in_ci  # .ci/extras runs it where torchvision imports (module docstring)
 def test_multimodal_dspark_on_the_fleet_is_bit_identical_to_nemos_colocated_recipe(
-    target, fleet, dataset, tmp_path
+    target, fleet, dataset, tmp_path, monkeypatch
 ):
     reference = run_colocated(target, tmp_path / "nemo", dataset)
     before = [s.generated() for s in fleet]
+    monkeypatch.setattr(RemoteTargetBackend, "capture", no_synchronous_capture)  # every batch prefetched
     ours = run_remote(target, fleet, tmp_path / "ours", dataset)
     assert torch.isfinite(reference.losses).all()
     assert len(reference.losses) == IMAGES // 2
