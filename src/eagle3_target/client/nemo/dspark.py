@@ -9,7 +9,7 @@ once. Targets NeMo loads with NeMoAutoModelForCausalLM (Qwen3-style, Gemma4) and
 and each request carries its batch's images as NeMo's pipeline made them, so NeMo's expert-parallel loader and
 its target mesh are not built on the trainer. Its DeepSeek V4, GLM-5.2 and Kimi K3 targets come from
 expert-parallel builders the fleet does not replace. On an image-text target NeMo's layer -1 is the token
-embedding before the image features are merged in, which the fleet does not capture: refused there.
+embedding before the image features are merged in (the fleet's -1 has them merged): the trainer looks it up.
 NeMo loads and wraps the target inside one setup(), so the fleet stands in there (takeover.py). Its
 offline cache: `eagle3-target precompute --family dspark` (client/precompute/dspark.py).
 YAML: NeMo's own for the recipe, plus ``remote_target:`` (remote.py).
@@ -42,9 +42,19 @@ BUILDER_MODEL_TYPES = frozenset(
 class RemoteDSparkTarget(FleetTarget):
     """Duck-typed as NeMo's HFDSparkTargetModel."""
 
+    # NeMo's layer -1 on an image-text target (multimodal): the token embedding before the image features are
+    # merged in, which the fleet does not capture; the trainer looks it up in the embedding it holds (exact)
+    token_embedding = False
+
     def to_batch(self, captured: dict[str, torch.Tensor], inputs: BatchInputs):
+        if self.token_embedding:  # -1 comes first: NeMo's ids are strictly increasing
+            served = dspark_context(captured, self.target_layer_ids[1:], self.num_layers)
+            embedded = self.get_input_embeddings()(inputs.input_ids.to(served.device))
+            context = torch.cat((embedded, served), dim=-1)
+        else:
+            context = dspark_context(captured, self.target_layer_ids, self.num_layers)
         return _target.DSparkTargetBatch(
-            target_hidden_states=dspark_context(captured, self.target_layer_ids, self.num_layers),
+            target_hidden_states=context,
             target_last_hidden_states=captured["final_hidden"],
             input_ids=inputs.input_ids,
             loss_mask=inputs.loss_mask,
@@ -70,11 +80,6 @@ def refuse_local_only(cfg) -> None:
             raise ValueError(
                 "recipe_args.target_num_hidden_layers cuts NeMo's co-located target; the fleet serves the whole "
                 "checkpoint: serve one with that many layers instead"
-            )
-        if -1 in list(recipe_cfg.get("target_layer_ids", None) or ()):
-            raise ValueError(
-                "target_layer_ids -1 with recipe_args.multimodal is the token embedding before the image "
-                "features are merged in, which the fleet does not capture: choose decoder layers"
             )
         return
     if config.model_type in BUILDER_MODEL_TYPES:
@@ -109,7 +114,11 @@ class TrainDSparkRecipe(FleetRecipe, _dspark.TrainDSparkRecipe):
         config = config_only.config
         num_layers = int((getattr(config, "text_config", None) or config).num_hidden_layers)
         layer_ids = _common.validate_target_layer_ids(list(target_layer_ids), num_layers)
-        return self.open_fleet_target(layer_ids, num_layers)
+        if not (self.cfg.recipe_args.get("multimodal", False) and layer_ids[0] == -1):
+            return self.open_fleet_target(layer_ids, num_layers)
+        target = self.open_fleet_target(layer_ids[1:], num_layers)  # the fleet's -1 has the images merged in
+        target.target_layer_ids, target.token_embedding = layer_ids, True
+        return target
 
 
 def write_offline_cache(args, token):
