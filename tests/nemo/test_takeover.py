@@ -9,14 +9,19 @@ from eagle3_target.client.nemo.takeover import ConfigOnlyLoader, fleet_target
 
 
 def recipe_module() -> types.SimpleNamespace:
-    return types.SimpleNamespace(NeMoAutoModelForCausalLM="nemo's loader", TargetWrapper="nemo's wrapper")
+    return types.SimpleNamespace(
+        NeMoAutoModelForCausalLM="nemo's loader",
+        TargetWrapper="nemo's wrapper",
+        ImageLoader="nemo's image loader",
+    )
 
 
 def test_the_swap_is_undone_also_when_setup_raises():
     module = recipe_module()
     try:
-        with fleet_target(module, "TargetWrapper", "ours"):
-            assert (module.NeMoAutoModelForCausalLM, module.TargetWrapper) == (ConfigOnlyLoader, "ours")
+        with fleet_target(module, "TargetWrapper", "ours", ImageLoader=ConfigOnlyLoader):
+            swapped = (module.NeMoAutoModelForCausalLM, module.TargetWrapper, module.ImageLoader)
+            assert swapped == (ConfigOnlyLoader, "ours", ConfigOnlyLoader)
             raise RuntimeError("setup failed")
     except RuntimeError:
         pass

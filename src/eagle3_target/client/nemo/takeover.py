@@ -39,13 +39,14 @@ _SWAP = threading.Lock()
 
 
 @contextlib.contextmanager
-def fleet_target(module, wrapper_name: str, make_wrapper: Callable):
-    """Within: ``module``'s NeMoAutoModelForCausalLM loads configs only and ``module.<wrapper_name>(...)``
-    is ``make_wrapper(...)``."""
+def fleet_target(module, wrapper_name: str, make_wrapper: Callable, **more):
+    """Within: ``module``'s NeMoAutoModelForCausalLM loads configs only, ``module.<wrapper_name>(...)``
+    is ``make_wrapper(...)`` and each of ``more``'s names is its value."""
+    replacements = {"NeMoAutoModelForCausalLM": ConfigOnlyLoader, wrapper_name: make_wrapper, **more}
     with _SWAP:
-        saved = {name: getattr(module, name) for name in ("NeMoAutoModelForCausalLM", wrapper_name)}
-        module.NeMoAutoModelForCausalLM = ConfigOnlyLoader
-        setattr(module, wrapper_name, make_wrapper)
+        saved = {name: getattr(module, name) for name in replacements}
+        for name, value in replacements.items():
+            setattr(module, name, value)
         try:
             yield
         finally:

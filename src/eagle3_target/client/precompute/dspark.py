@@ -30,8 +30,10 @@ from .runner import check_model, check_output, connect, log, plan, shard_len
 from .store import CacheStore
 
 WEIGHTS = "target_weights.safetensors"
-# NeMo's precompute_dspark loads these through its distributed (DeepSeek V4, GLM-5.2) or multimodal paths.
-REFUSED_MODEL_TYPES = ("deepseek_v4", "glm_moe_dsa", "minimax_m3_vl")
+# NeMo's precompute_dspark refuses these: DeepSeek V4 and GLM-5.2 have its distributed precompute; MiniMax M3
+# VL has none in 0.7.0 (its cache schema is text-only), only the online multimodal recipe.
+DISTRIBUTED_MODEL_TYPES = ("deepseek_v4", "glm_moe_dsa")
+ONLINE_ONLY_MODEL_TYPES = ("minimax_m3_vl",)
 
 
 def nemo_dspark():
@@ -68,10 +70,15 @@ def target_config(args, target_utils):
     from transformers import AutoConfig
 
     model_type = target_utils.read_target_model_type(args.target_model, args.trust_remote_code)
-    if model_type in REFUSED_MODEL_TYPES:
+    if model_type in DISTRIBUTED_MODEL_TYPES:
         raise UsageError(
-            f"--family dspark: a {model_type} target is precomputed by NeMo's distributed or multimodal path, "
+            f"--family dspark: a {model_type} target is precomputed by NeMo's distributed path, "
             "not by precompute_dspark"
+        )
+    if model_type in ONLINE_ONLY_MODEL_TYPES:
+        raise UsageError(
+            f"--family dspark: a {model_type} target has no offline cache in NeMo 0.7.0 (its DSpark cache is "
+            "text-only): train online with recipe_args.multimodal: true"
         )
     config = AutoConfig.from_pretrained(args.target_model, trust_remote_code=args.trust_remote_code)
     text = config.text_config if model_type in target_utils.GEMMA4_MODEL_TYPES else config

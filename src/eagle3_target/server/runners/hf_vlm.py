@@ -74,7 +74,8 @@ def image_spec(config: Any) -> ImageSpec | None:
     token_id = getattr(config, "image_token_id", None)
     if not is_image_text(config) or vision is None or token_id is None:
         return None
-    patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    channels = getattr(vision, "in_channels", None) or vision.num_channels  # Qwen2-VL's name, MiniMax M3's
+    patch_dim = channels * vision.temporal_patch_size * vision.patch_size**2
     return ImageSpec(int(token_id), int(vision.spatial_merge_size), int(patch_dim))
 
 
