@@ -28,9 +28,10 @@ def pods(kubectl, namespace: str) -> list[dict]:
 
 
 def serving(kubectl, namespace: str, avoid: str = "") -> list[dict]:
-    def ready(p):
-        conditions = p.get("status", {}).get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    def ready(p):  # Running too: a hollow kubelet can report Ready while the phase is still Pending
+        status = p.get("status", {})
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+        return ready and status.get("phase") == "Running"
 
     return [
         p
@@ -135,9 +136,10 @@ def test_a_budget_that_blocks_every_drain_is_allowed_and_says_so(hollow_operator
         return status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0
 
     def evicted_or_refused():
-        """One eviction of the serving pod as last read: preconditions (its uid and resourceVersion) make the
-        API server decide on exactly that Ready pod, never on a replacement of the same name (Pending pods
-        ignore budgets) or on one whose readiness changed since; such a conflict (409) is tried again."""
+        """One eviction of the serving pod as last read (Running and Ready: the API server lets a Pending pod
+        go whatever its budget says): preconditions (its uid and resourceVersion) make the API server decide on
+        exactly that pod, never on a replacement of the same name or on one whose state changed since; such a
+        conflict (409) is tried again."""
         ready = serving(kubectl, namespace)
         if len(ready) != 1 or not counted_healthy():
             return None
