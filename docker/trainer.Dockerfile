@@ -5,7 +5,9 @@
 #         quickstarts without a GPU. Its first layers are docker/server.Dockerfile's, instruction for
 #         instruction, so a builder that has built the server image reuses its torch layer.
 #   cuda  the last stage, the default: `scripts/build-images.sh trainer`. nemo-automodel 0.7.0 pins its own
-#         transformers (5.18.0) and takes PyPI's CUDA torch. CI lints it, never builds it (too large).
+#         transformers (5.18.0); PyPI's CUDA torch 2.14.1 and torchvision 0.29.1 with the vlm extra, so it also
+#         runs the image-text recipes. CI lints it, never builds it (too large); .ci/extras installs the same
+#         pip steps (with the server extra) in its vlm venv.
 FROM python:3.11-slim AS cpu-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # As in docker/server.Dockerfile: empty takes torch from pip's configured index, .../whl/cpu the CPU build.
@@ -45,9 +47,10 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src src
-# the nemo extra brings nemo-automodel 0.7.0 with its own pins (transformers, torch, its kernels);
-# sources go once installed
-RUN pip install "./[client,nemo]" && rm -rf /src
+# the nemo extra brings nemo-automodel 0.7.0 with its own pins (transformers, its kernels); the vlm extra
+# (NeMo's image pipeline, for ViSpec stage 2 and DSpark-VLM) wants torchvision, whose PyPI builds pin one torch:
+# the pair the vlm extra is tested with goes first (docs/families.md); sources go once installed
+RUN pip install "torch==2.14.1" "torchvision==0.29.1" && pip install "./[client,nemo,vlm]" && rm -rf /src
 
 # HOME is the pod's /tmp volume: the Hugging Face and Triton caches land there under a read-only root.
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp

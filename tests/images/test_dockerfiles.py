@@ -68,3 +68,14 @@ def test_the_cpu_trainer_starts_as_the_server_image_does():
         s.replace(" AS build", "") for s in server[:shared]
     ]
     assert trainer[shared:] == ['RUN pip install "./[client,nemo]"']
+
+
+def test_the_cuda_trainer_installs_the_vlm_extra_as_ci_extras_does():
+    """The default trainer runs the image-text recipes too: the torch and torchvision pins that go first are the
+    ones `.ci/extras` installs (and tests) its `vlm` venv with, then the extras beside `vlm`."""
+    trainer = stage((REPO / "docker/trainer.Dockerfile").read_text(), "cuda")
+    extras = (REPO / ".ci/extras").read_text()
+    pins = re.search(r'"\$\{pip\[@\]\}" (torch==\S+ torchvision==\S+)\n', extras).group(1).split()
+    quoted = " ".join(f'"{pin}"' for pin in pins)
+    wanted = f'RUN pip install {quoted} && pip install "./[client,nemo,vlm]"'
+    assert any(step.startswith(wanted) for step in trainer), trainer
