@@ -135,10 +135,12 @@ def write_target(path: Path, embedding_scale: float = 2.0) -> list[str]:
     return words
 
 
-def write_image_conversations(root: Path, words: list[str], rows: int, seed: int = 0) -> Path:
+def write_image_conversations(
+    root: Path, words: list[str], rows: int, seed: int = 0, text_only: tuple[int, ...] = ()
+) -> Path:
     """``rows`` PNG images of random pixels (56 to 112 px a side) under root/images, a conversation about each
     in root/image_conversations.jsonl, and root/images.json, the meta file NeMo's make_meta_dataset reads;
-    returns that file."""
+    returns that file. The rows numbered in ``text_only`` keep their words but carry no image."""
     rng = random.Random(seed)
     (root / "images").mkdir(parents=True, exist_ok=True)
     with open(root / "image_conversations.jsonl", "w", encoding="utf-8") as out:
@@ -153,7 +155,10 @@ def write_image_conversations(root: Path, words: list[str], rows: int, seed: int
                 {"role": "user", "content": f"<image> {question}"},
                 {"role": "assistant", "content": answer},
             ]
-            out.write(json.dumps({"messages": turns, "images": [str(image.resolve())]}) + "\n")
+            if row in text_only:
+                turns[0]["content"] = question
+            images = [] if row in text_only else [str(image.resolve())]
+            out.write(json.dumps({"messages": turns, "images": images}) + "\n")
     meta = root / "images.json"
     meta.write_text(json.dumps({"synthetic": {"file_name": "image_conversations.jsonl"}}, indent=2) + "\n")
     return meta

@@ -93,7 +93,10 @@ def dataset(target, tmp_path_factory):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     words = [f"w{i}" for i in range(900)]
-    meta = make_vlm_data().write_image_conversations(tmp_path_factory.mktemp("images"), words, IMAGES, seed=5)
+    # two conversations without an image: NeMo's collate gives each a masked fake image, which the fleet serves too
+    meta = make_vlm_data().write_image_conversations(
+        tmp_path_factory.mktemp("images"), words, IMAGES, seed=5, text_only=(1, 6)
+    )
     return {
         "_target_": "nemo_automodel.components.datasets.vlm.datasets.make_meta_dataset",
         "path_or_dataset": str(meta),
