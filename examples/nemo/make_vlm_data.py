@@ -98,9 +98,15 @@ def build_tiny_qwen2_5_vl(
     return model
 
 
-def write_tokenizer(path: Path) -> list[str]:
-    """A word-level tokenizer with the vision tokens and the chat template; returns the plain words."""
-    vocab = vocabulary()
+def write_tokenizer(
+    path: Path,
+    vocab: list[str] | None = None,
+    vision_tokens: list[str] = VISION_TOKENS,
+    template: str = TEMPLATE,
+) -> list[str]:
+    """A word-level tokenizer with the vision tokens and the chat template; returns the plain words. Another
+    model family's tiny target passes its own vocabulary, vision tokens and template."""
+    vocab = vocab or vocabulary()
     word_level = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
     word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
@@ -109,9 +115,9 @@ def write_tokenizer(path: Path) -> list[str]:
         eos_token="</s>",
         pad_token="<pad>",
         unk_token="<unk>",
-        additional_special_tokens=VISION_TOKENS,
+        additional_special_tokens=vision_tokens,
     )
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
     return [t for t in vocab if t.startswith("w")]
 

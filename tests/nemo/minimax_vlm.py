@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import MiniMaxM3SparseForConditionalGeneration, MiniMaxM3VLConfig, PreTrainedTokenizerFast
+from transformers import MiniMaxM3SparseForConditionalGeneration, MiniMaxM3VLConfig
 from vlm_target import make_vlm_data
 
 from .exactness import Target, config_only_copy
@@ -69,20 +68,7 @@ def build(seed: int = 1, sharpen: float = 30.0) -> MiniMaxM3SparseForConditional
 
 
 def write_tokenizer(path: Path) -> list[str]:
-    vocab = vocabulary()
-    word_level = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
-    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=word_level,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=VISION_TOKENS,
-    )
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    return [t for t in vocab if t.startswith("w")]
+    return make_vlm_data().write_tokenizer(path, vocabulary(), VISION_TOKENS, TEMPLATE)
 
 
 def write_minimax_target(path: Path) -> list[str]:

@@ -13,7 +13,6 @@ skip is a failure (EAGLE3_TARGET_VLM_INSTALL=1)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -34,6 +33,7 @@ from .exactness import (
 )
 from .minimax_vlm import LAYERS, make_minimax_target
 from .test_dspark_family import sdpa_draft
+from .vlm_support import require_image_pipeline
 
 DSPARK_VLM = Family(
     "TrainDSparkRecipe",
@@ -86,12 +86,7 @@ def fleet(target):
 @pytest.fixture(scope="module")
 def dataset(target, tmp_path_factory):
     """NeMo's make_meta_dataset over synthetic images, as the recipe's `dataset:` section."""
-    missing = [m for m in ("torchvision", "qwen_vl_utils") if importlib.util.find_spec(m) is None]
-    if missing:
-        message = f"{' and '.join(missing)} not installed (pip install '.[vlm]', docs/families.md)"
-        if os.environ.get("EAGLE3_TARGET_VLM_INSTALL") == "1":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    require_image_pipeline()
     words = [f"w{i}" for i in range(900)]
     # two conversations without an image: NeMo's collate gives each a masked fake image, which the fleet serves too
     meta = make_vlm_data().write_image_conversations(

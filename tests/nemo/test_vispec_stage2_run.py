@@ -9,15 +9,12 @@ install (docs/families.md): .ci/extras runs this file in that venv, where a skip
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 from vlm_target import make_vlm_data
 
 from .exactness import Family, assert_exact, fleet_fixture, load_config, recipe_yaml, train, weight_files
-from .vlm_support import vlm_target_fixture
+from .vlm_support import require_image_pipeline, vlm_target_fixture
 
 STAGE2 = Family(
     "TrainVispecRecipe",
@@ -33,12 +30,7 @@ fleet = fleet_fixture("127.0.0.2", "127.0.0.3")
 @pytest.fixture(scope="module")
 def dataset(target, tmp_path_factory):
     """NeMo's make_meta_dataset over the example's synthetic images, as the recipe's `dataset:` section."""
-    missing = [m for m in ("torchvision", "qwen_vl_utils") if importlib.util.find_spec(m) is None]
-    if missing:
-        message = f"{' and '.join(missing)} not installed (pip install '.[vlm]', docs/families.md)"
-        if os.environ.get("EAGLE3_TARGET_VLM_INSTALL") == "1":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    require_image_pipeline()
     vlm = make_vlm_data()
     words = [w for w in vlm.vocabulary() if w.startswith("w")]
     meta = vlm.write_image_conversations(tmp_path_factory.mktemp("images"), words, IMAGES, seed=5)

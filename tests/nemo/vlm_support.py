@@ -3,6 +3,8 @@ the same files a user writes with the example, so the tests train on what the do
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,13 @@ def vlm_target_fixture():
         return make_vlm_target(tmp_path_factory.mktemp("qwen2_5_vl"))
 
     return target
+
+
+def require_image_pipeline() -> None:
+    """NeMo's image pipeline needs the vlm extra: skip without it, and fail where it must be installed (CI)."""
+    missing = [m for m in ("torchvision", "qwen_vl_utils") if importlib.util.find_spec(m) is None]
+    if missing:
+        message = f"{' and '.join(missing)} not installed (pip install '.[vlm]', docs/families.md)"
+        if os.environ.get("EAGLE3_TARGET_VLM_INSTALL") == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
