@@ -164,7 +164,7 @@ def interleaved(first, second, repeats: int) -> tuple[float, float]:
 def through_server(runner, asks: dict[str, Features], batch, repeats: int, images=None) -> dict:
     """Per request: seconds of the bare capture and of RemoteTargetBackend.capture through one server;
     ``images`` an image-text batch's processor outputs, sent with every request."""
-    from eagle3_target.client import PoolOptions, RemoteTargetBackend
+    from eagle3_target.client import BatchInputs, PoolOptions, RemoteTargetBackend
     from eagle3_target.server.app import ServerOptions, TargetServer
 
     ids, mask, loss = batch
@@ -183,7 +183,7 @@ def through_server(runner, asks: dict[str, Features], batch, repeats: int, image
                 want = Capture.of(features)
                 bare, served = interleaved(
                     lambda want=want: runner.capture(ForwardInputs(ids, mask, **(images or {})), want),
-                    lambda backend=backend: backend.capture(ids, mask, loss, images=images),
+                    lambda backend=backend: backend.capture(BatchInputs(ids, mask, loss, media=images or {})),
                     repeats,
                 )
             out[label] = dict(bare_s=bare, server_s=served, ratio=bare / served)

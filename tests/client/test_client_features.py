@@ -10,10 +10,13 @@ import torch
 from aiohttp import web
 from target_support import served
 
-from eagle3_target.client import FeatureError, Features, PoolOptions, RemoteTargetBackend
+from eagle3_target.client import BatchInputs, FeatureError, Features, PoolOptions, RemoteTargetBackend
+from eagle3_target.client.capture import request_body
+from eagle3_target.client.inputs import batch_inputs
 from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import FEATURES_HEADER, REQUEST_ID_HEADER
 from eagle3_target.protocol.families import family
+from eagle3_target.protocol.model_info import ModelInfo
 from eagle3_target.server.app import TargetServer
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.synthetic import SyntheticRunner
@@ -38,7 +41,9 @@ def test_capture_returns_what_the_runner_captured_and_generate_batch_still_works
     batches = [make_batch(seed) for seed in range(4)]
     with RemoteTargetBackend(url, options=FAST, features=features) as backend:
         assert backend.features == features
-        got = list(backend.prefetch_captures(batches, depth=2))  # no vocab mapping needed
+        got = list(
+            backend.prefetch_captures((BatchInputs(*b) for b in batches), depth=2)
+        )  # no vocab mapping needed
         vocab = draft_vocab()
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         batch = backend.generate_batch(*batches[0])
@@ -80,7 +85,7 @@ def test_an_incomplete_reply_fails_over_to_a_good_server(farm):
     ids, mask, loss = make_batch(1)
     with RemoteTargetBackend([bad, good], options=FAST, features=features) as backend:
         backend.wait_for_servers(10)
-        results = [backend.capture(ids, mask, loss) for _ in range(3)]
+        results = [backend.capture(BatchInputs(ids, mask, loss)) for _ in range(3)]
         assert backend.pool.failovers >= 1
     for got in results:
         assert torch.equal(got["final_hidden"], direct(features, ids, mask)["final_hidden"])
@@ -107,7 +112,7 @@ def test_packing_metadata_is_refused_before_sending_to_a_fleet_without_packing(f
     ids, mask, loss = make_batch(1)
     with RemoteTargetBackend(url, options=FAST, features=DFLASH) as backend:
         with pytest.raises(ValueError, match="do not offer packing"):
-            backend.capture(ids, mask, loss, position_ids=torch.zeros_like(ids))
+            backend.capture(BatchInputs(ids, mask, loss, position_ids=torch.zeros_like(ids)))
         assert served(farm.server(url), "generate", "200") == 0
 
 
@@ -117,7 +122,7 @@ def test_every_family_request_is_served_by_the_synthetic_runner(farm):
     for name in ("dflash", "jetspec", "dspark", "peagle", "eagle1"):
         features = family(name).ask([1, 15, 28], 32)
         with RemoteTargetBackend(url, options=FAST, features=features) as backend:
-            got = backend.capture(ids, mask, loss)
+            got = backend.capture(BatchInputs(ids, mask, loss))
         assert tuple(got) == features.reply_keys, name
         doc = json.loads(features.to_header())
         assert Features.from_header(json.dumps(doc)) == features
@@ -151,7 +156,7 @@ def test_eagle3s_feature_request_is_sent_as_nemos_generate_and_equals_generate_b
     ) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
         batch = backend.generate_batch(ids, mask, loss)
-        got = backend.capture(ids, mask, loss)
+        got = backend.capture(BatchInputs(ids, mask, loss))
         assert backend.encodings[url] == ("nemo" if stock else "logits")
     assert tuple(got) == eagle3.ask([1, 15, 28], 32).reply_keys
     assert torch.equal(got.pop("hidden_states"), batch.aux_hidden_states)
@@ -170,5 +175,30 @@ def test_eagle3s_feature_request_is_sent_as_nemos_generate_and_equals_generate_b
         return
     with RemoteTargetBackend(url, options=FAST, features=other_layers) as backend:
         backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
-        assert tuple(backend.capture(ids, mask, loss)) == other_layers.reply_keys
+        assert tuple(backend.capture(BatchInputs(ids, mask, loss))) == other_layers.reply_keys
     assert farm.server(url).asked[-1][0][FEATURES_HEADER.lower()] == other_layers.to_header()
+
+
+def test_a_dataloader_batch_is_read_as_the_request_nemos_loops_need():
+    """batch_inputs: packing metadata only with seq_lens (doc_remaining kept on the trainer), images without Nones."""
+    ids, mask, loss = make_batch(4)
+    grid = torch.tensor([[1, 2, 2]])
+    packed = dict(input_ids=ids, attention_mask=mask, loss_mask=loss, position_ids=torch.zeros_like(ids))
+    packed |= dict(seq_lens=torch.tensor([[ids.shape[1]]] * 2), doc_remaining=torch.ones_like(ids))
+    inputs = batch_inputs({**packed, "pixel_values": None, "image_grid_thw": grid})
+    assert inputs.doc_remaining is packed["doc_remaining"] and inputs.media == {"image_grid_thw": grid}
+    offering = ModelInfo(8, 64, 512, (1, 3, 4), features=("packing",), modalities=("text", "image"))
+    body = request_body(offering, inputs)
+    assert list(body) == [
+        "input_ids",
+        "attention_mask",
+        "loss_mask",
+        "position_ids",
+        "seq_lens",
+        "image_grid_thw",
+    ]
+    unpacked = batch_inputs(
+        {k: packed[k] for k in ("input_ids", "attention_mask", "loss_mask", "position_ids")}
+    )
+    assert unpacked.packing == {"position_ids": None, "seq_lens": None} and unpacked.media == {}
+    assert list(request_body(None, unpacked)) == ["input_ids", "attention_mask", "loss_mask"]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from client_support import draft_vocab, expected, make_batch  # noqa: E402
 
-from eagle3_target.client import Features, PoolOptions, RemoteTargetBackend  # noqa: E402
+from eagle3_target.client import BatchInputs, Features, PoolOptions, RemoteTargetBackend  # noqa: E402
 from eagle3_target.server.runners.base import Capture, ForwardInputs  # noqa: E402
 from eagle3_target.server.runners.synthetic import SyntheticRunner  # noqa: E402
 
@@ -47,7 +47,7 @@ def run_case(case: dict) -> dict:
             assert torch.equal(backend.target_weight(name), runner.weight(name)), f"wrong weight {name}"
         for seed in range(case.get("captures", 0)):
             ids, mask, loss = make_batch(seed)
-            got = backend.capture(ids, mask, loss)
+            got = backend.capture(BatchInputs(ids, mask, loss))
             want = runner.capture(ForwardInputs(ids, mask), Capture.of(features))
             for key in got:
                 assert torch.equal(got[key], getattr(want, key)), f"capture {seed}: wrong {key}"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "BatchFailedError": ".errors",
     "BatchHandle": ".backend",
+    "BatchInputs": ".inputs",
     "CaptureHandle": ".capture",
     "EncodingError": "eagle3_target.protocol.encodings",
     "EndpointError": ".endpoints",
@@ -25,6 +26,7 @@ _EXPORTS = {
 __all__ = [
     "BatchFailedError",
     "BatchHandle",
+    "BatchInputs",
     "CaptureHandle",
     "EncodingError",
     "EndpointError",
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from .endpoints import EndpointError
     from .errors import BatchFailedError
     from .identity import ModelMismatchError
+    from .inputs import BatchInputs
     from .options import PoolOptions
 
 

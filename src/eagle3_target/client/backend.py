@@ -26,7 +26,7 @@ from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
 from .handles import PendingHandle
-from .inputs import nemo_inputs
+from .inputs import BatchInputs, nemo_inputs
 from .loop_thread import LoopThread
 from .options import PoolOptions
 
@@ -217,38 +217,29 @@ class RemoteTargetBackend:
     def features(self) -> Features | None:
         return self.pool.options.features
 
-    def capture_async(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        images: dict[str, torch.Tensor] | None = None,
-    ) -> CaptureHandle:
+    def capture_async(self, inputs: BatchInputs) -> CaptureHandle:
         """Submit one batch for the backend's ``features``; the handle's ``result()`` is the reply's
-        tensors by key (``Features.reply_keys``) on the caller's device. ``position_ids`` and
-        ``seq_lens`` are NeMo's packing metadata, for servers that offer "packing"; ``images`` an
+        tensors by key (``Features.reply_keys``) on the caller's device. The batch's ``position_ids`` and
+        ``seq_lens`` are NeMo's packing metadata, for servers that offer "packing"; its ``media`` an
         image-text batch's processor outputs (contract.IMAGE_KEYS), for servers that take images."""
         features = self.features
         if features is None:
             raise ValueError("this backend asks for no features: pass features=Features(...) to it")
-        given = (input_ids, attention_mask, loss_mask)
-        body = request_body(self.pool.reference, given, position_ids, seq_lens, images)
-        batch, seq = input_ids.shape
+        body = request_body(self.pool.reference, inputs)
+        batch, seq = inputs.input_ids.shape
         reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab)
-        device = self.device or input_ids.device
+        device = self.device or inputs.input_ids.device
         return CaptureHandle(self._loop.submit(reply), device, body, self._head_rows)
 
-    def capture(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """``capture_async(...).result()``."""
-        return self.capture_async(*args, **kwargs).result()
+    def capture(self, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        """``capture_async(inputs).result()``."""
+        return self.capture_async(inputs).result()
 
     def prefetch_captures(
-        self, batches: Iterable[tuple[torch.Tensor, ...]], depth: int | None = None
+        self, batches: Iterable[BatchInputs], depth: int | None = None
     ) -> Iterator[dict[str, torch.Tensor]]:
-        """``prefetch`` for ``capture``: each item is capture's arguments, in order."""
-        return _in_order((self.capture_async(*b) for b in batches), lambda: self._depth(depth))
+        """``prefetch`` for ``capture``: each item is one batch's BatchInputs."""
+        return _in_order((self.capture_async(b) for b in batches), lambda: self._depth(depth))
 
     def target_weight(self, name: str) -> torch.Tensor:
         """The target's whole weight ``name`` ("input_embeddings", "lm_head", "final_norm"), fetched

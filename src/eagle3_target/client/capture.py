@@ -15,6 +15,7 @@ from eagle3_target.protocol.model_info import ModelInfo
 
 from .fetch import Reply
 from .handles import PendingHandle
+from .inputs import BatchInputs
 
 OnDevice = Callable[[torch.Tensor, torch.device], torch.Tensor]  # a host tensor's (cached) copy on a device
 
@@ -78,16 +79,15 @@ def check_packing(reference: ModelInfo | None) -> None:
         )
 
 
-def request_body(
-    reference: ModelInfo | None, given, position_ids, seq_lens, images
-) -> dict[str, torch.Tensor]:
+def request_body(reference: ModelInfo | None, inputs: BatchInputs) -> dict[str, torch.Tensor]:
     """A feature request's tensors: the three NeMo inputs as int64 on the CPU, NeMo's packing metadata for a
-    fleet that offers packing, and an image-text batch's processor outputs as they were made."""
-    packing = {k: v for k, v in (("position_ids", position_ids), ("seq_lens", seq_lens)) if v is not None}
+    fleet that offers packing, and an image-text batch's processor outputs (its media) as they were made."""
+    packing = {k: v for k, v in inputs.packing.items() if v is not None}
     if packing:
         check_packing(reference)
-    if given[0].dim() != 2:
-        raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(given[0].shape)}")
+    if inputs.input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a [B, S] matrix, got shape {list(inputs.input_ids.shape)}")
+    given = (inputs.input_ids, inputs.attention_mask, inputs.loss_mask)
     body = dict(zip(GENERATE_INPUT_KEYS, given, strict=True))
     body = {k: t.detach().to("cpu", torch.int64) for k, t in {**body, **packing}.items()}
-    return body | image_inputs(reference, images)
+    return body | image_inputs(reference, inputs.media)

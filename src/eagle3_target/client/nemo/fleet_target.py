@@ -20,8 +20,9 @@ from eagle3_target.protocol.features import KEY_FINAL, WEIGHT_INPUT_EMBEDDINGS, 
 
 from ..backend import RemoteTargetBackend
 from ..handles import MappedHandle
+from ..inputs import image_media
 from .interface import BatchInputs, NeMoTarget
-from .prefetch import PrefetchedBatches, image_inputs
+from .prefetch import PrefetchedBatches
 from .ranks import fetched_weights
 from .remote import RemoteTargetSettings, split_options
 
@@ -156,13 +157,7 @@ class FleetTarget(NeMoTarget):
 
     def batch(self, inputs: BatchInputs):
         """The reply a PrefetchingLoader asked for ahead (or, out of the loader's order, asked now)."""
-        captured = self.prefetched.take(
-            inputs.input_ids,
-            inputs.attention_mask,
-            inputs.loss_mask,
-            **inputs.packing,
-            images=image_inputs(inputs.media),
-        )
+        captured = self.prefetched.take(dataclasses.replace(inputs, media=image_media(inputs.media)))
         return self.to_batch(self._on_device(captured), inputs)
 
     def generate_batch_async(self, input_ids, attention_mask, loss_mask) -> MappedHandle:
@@ -171,7 +166,7 @@ class FleetTarget(NeMoTarget):
         inputs = BatchInputs(input_ids, attention_mask, loss_mask)
         if self._noted is not None and self._noted[0] is input_ids:
             inputs = dataclasses.replace(inputs, **self._noted[1])
-        handle = self.backend.capture_async(input_ids, attention_mask, loss_mask, **inputs.packing)
+        handle = self.backend.capture_async(inputs)
         return MappedHandle(handle, lambda captured: self.to_batch(self._on_device(captured), inputs))
 
     def noting_packing(self, batches: Iterable[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:

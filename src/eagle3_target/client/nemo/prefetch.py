@@ -9,21 +9,8 @@ from collections.abc import Iterator
 
 import torch
 
-from eagle3_target.protocol.contract import IMAGE_KEYS
-
 from ..backend import RemoteTargetBackend
-
-
-def packing(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
-    """NeMo's packing metadata that the target needs (doc_remaining stays on the trainer); none unpacked."""
-    if "seq_lens" not in batch:
-        return {"position_ids": None, "seq_lens": None}
-    return {"position_ids": batch["position_ids"], "seq_lens": batch["seq_lens"]}
-
-
-def image_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An image-text batch's image tensors (contract.IMAGE_KEYS), as its processor made them; none for text."""
-    return {k: batch[k] for k in IMAGE_KEYS if batch.get(k) is not None}
+from ..inputs import BatchInputs, batch_inputs
 
 
 class PrefetchedBatches:
@@ -43,25 +30,15 @@ class PrefetchedBatches:
         return capacity if self.depth is None else min(self.depth, capacity)
 
     def submit(self, batch: dict[str, torch.Tensor]) -> None:
-        handle = self.backend.capture_async(
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["loss_mask"],
-            **packing(batch),
-            images=image_inputs(batch),
-        )
+        handle = self.backend.capture_async(batch_inputs(batch))
         self._waiting.append((batch["input_ids"], handle))
 
-    def take(
-        self, input_ids, attention_mask, loss_mask, position_ids=None, seq_lens=None, images=None
-    ) -> dict:
+    def take(self, inputs: BatchInputs) -> dict:
         """The reply for this batch: the oldest request when it is this batch's, else asked now."""
-        if self._waiting and torch.equal(self._waiting[0][0], input_ids.detach().cpu()):
+        if self._waiting and torch.equal(self._waiting[0][0], inputs.input_ids.detach().cpu()):
             return self._waiting.popleft()[1].result()
         self.cancel()  # the loop left the loader's order (a validation batch, or an interrupted epoch)
-        return self.backend.capture(
-            input_ids, attention_mask, loss_mask, position_ids=position_ids, seq_lens=seq_lens, images=images
-        )
+        return self.backend.capture(inputs)
 
     def cancel(self) -> None:
         while self._waiting:

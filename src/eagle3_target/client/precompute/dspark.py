@@ -21,6 +21,7 @@ from safetensors.torch import save
 from eagle3_target.protocol.families import family
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
+from ..inputs import BatchInputs
 from ..nemo._imports import nemo_module
 from ..nemo.captures import dspark_context
 from . import cache, data, runner
@@ -123,7 +124,7 @@ def write_shards(backend, loader_data, todo, layer_ids, num_layers, store, args,
     def inputs():
         for batch in data.batches(loader_data, todo, args.shard_size):
             sent.append(batch)
-            yield batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+            yield BatchInputs(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
 
     chunks: list[dict[str, torch.Tensor]] = []
     for position, captured in enumerate(backend.prefetch_captures(inputs())):
