@@ -439,3 +439,92 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
     assert calls == [(url, b"request", (2, 16, 96), b"mapping", features) for url in (a.url, b.url)]
     assert pool.hedges == 1
     assert f"{a.url} has not answered /generate for 0.2s" in caplog.text
+
+
+# -- the calls a trainer makes -------------------------------------------------------------------
+
+
+def agreed(pool: TargetPool, **terms) -> None:
+    for member in members(pool):
+        member.agreement = Agreement(ModelInfo(8, 64, 512, (1, 3, 4)), **terms)
+
+
+async def test_connections_carry_the_pools_session_token_and_priority():
+    options = PoolOptions(priority="low")
+    pool = TargetPool(EndpointResolver([]), "job-7", auth_token="secret", options=options)
+    async with aiohttp.ClientSession() as pool._http:
+        conn = pool._connection(URLS[0])
+    assert conn.headers == {
+        "X-Eagle3-Session": "job-7",
+        "Authorization": "Bearer secret",
+        "X-Eagle3-Priority": "low",
+    }
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["generate", "supervised-capture"])
+async def test_supervision_is_a_hedged_generate_with_the_jobs_mapping_and_shape(monkeypatch, caplog, capture):
+    calls = []
+
+    async def fetch_supervision(conn, agreement, request, shape, blob):
+        calls.append((conn.url, agreement, request, shape, blob))
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # the first server is silent
+        return dispatch_module.Reply(encodings.NEMO, {})
+
+    monkeypatch.setattr(dispatch_module, "fetch_supervision", fetch_supervision)
+    async with pool_of(2, hedge_after=0.2) as pool:
+        agreed(pool, supervised=True)
+        a, b = members(pool)
+        pool.membership.vocab_blob = b"mapping"
+        call = pool.capture if capture else pool.generate
+        assert await call(b"request", 2, 16, 96) == dispatch_module.Reply(encodings.NEMO, {})
+    assert calls == [(m.url, m.agreement, b"request", (2, 16, 96), b"mapping") for m in (a, b)]
+    assert pool.hedges == 1 and f"{a.url} has not answered /generate for 0.2s" in caplog.text
+
+
+async def test_a_hidden_reply_gets_the_mappings_head_rows_fetched_once(monkeypatch):
+    rows, fetched = object(), []
+
+    async def fetch_supervision(conn, agreement, request, shape, blob):
+        return dispatch_module.Reply(encodings.HIDDEN, {})
+
+    async def fetch_lm_head(conn, agreement, draft_vocab):
+        fetched.append((conn.url, agreement, draft_vocab))
+        return rows
+
+    monkeypatch.setattr(dispatch_module, "fetch_supervision", fetch_supervision)
+    monkeypatch.setattr(dispatch_module, "fetch_lm_head", fetch_lm_head)
+    async with pool_of(1) as pool:
+        agreed(pool)
+        (member,) = members(pool)
+        for _ in range(2):
+            assert (await pool.generate(b"request", 2, 16, 96)).head_rows is rows
+    assert fetched == [(member.url, member.agreement, 96)]
+
+
+async def test_weights_and_embeddings_fail_over_and_name_what_was_asked(monkeypatch):
+    asked = []
+
+    async def fetch_weight(conn, agreement, name):
+        asked.append((conn.url, agreement, name))
+        raise aiohttp.ClientConnectionError("reset")
+
+    async def fetch_input_embeddings(conn, agreement):
+        asked.append((conn.url, agreement))
+        return "embeddings"
+
+    monkeypatch.setattr(dispatch_module, "fetch_weight", fetch_weight)
+    monkeypatch.setattr(dispatch_module, "fetch_input_embeddings", fetch_input_embeddings)
+    async with pool_of(1, deadline=0.2) as pool:
+        agreed(pool)
+        (member,) = members(pool)
+        with pytest.raises(BatchFailedError, match=r"^/weights/lm_head found no server"):
+            await pool.weight("lm_head")
+        member.state = MemberState.HEALTHY  # back from its quarantine
+        assert await pool.input_embeddings() == "embeddings"
+    assert asked == [(member.url, member.agreement, "lm_head"), (member.url, member.agreement)]
+
+
+async def test_settle_counts_the_healthy_servers():
+    async with pool_of(2) as pool:
+        assert await pool.settle(0.1) == 2
