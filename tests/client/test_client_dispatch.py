@@ -424,7 +424,7 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
     calls = []
 
     async def fetch_capture(conn, agreement, request, shape, blob, features):
-        calls.append((conn.url, request, shape, blob, features))
+        calls.append((conn.url, agreement, request, shape, blob, features))
         if len(calls) == 1:
             await asyncio.Event().wait()  # the first server is silent
         return "captured"
@@ -436,7 +436,7 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
             member.agreement = Agreement(ModelInfo(8, 64, 512, (1, 3, 4)), features=features)
         pool.membership.vocab_blob = b"mapping"
         assert await pool.capture(b"request", 2, 16, 96) == "captured"
-    assert calls == [(url, b"request", (2, 16, 96), b"mapping", features) for url in (a.url, b.url)]
+    assert calls == [(m.url, m.agreement, b"request", (2, 16, 96), b"mapping", features) for m in (a, b)]
     assert pool.hedges == 1
     assert f"{a.url} has not answered /generate for 0.2s" in caplog.text
 
@@ -482,24 +482,27 @@ async def test_supervision_is_a_hedged_generate_with_the_jobs_mapping_and_shape(
     assert pool.hedges == 1 and f"{a.url} has not answered /generate for 0.2s" in caplog.text
 
 
-async def test_a_hidden_reply_gets_the_mappings_head_rows_fetched_once(monkeypatch):
-    rows, fetched = object(), []
+async def test_a_hidden_reply_gets_the_mappings_head_rows_fetched_once_per_mapping(monkeypatch):
+    fetched = []
 
     async def fetch_supervision(conn, agreement, request, shape, blob):
         return dispatch_module.Reply(encodings.HIDDEN, {})
 
     async def fetch_lm_head(conn, agreement, draft_vocab):
         fetched.append((conn.url, agreement, draft_vocab))
-        return rows
+        return len(fetched)
 
     monkeypatch.setattr(dispatch_module, "fetch_supervision", fetch_supervision)
     monkeypatch.setattr(dispatch_module, "fetch_lm_head", fetch_lm_head)
     async with pool_of(1) as pool:
         agreed(pool)
         (member,) = members(pool)
+        pool.membership.vocab_blob = b"first"
         for _ in range(2):
-            assert (await pool.generate(b"request", 2, 16, 96)).head_rows is rows
-    assert fetched == [(member.url, member.agreement, 96)]
+            assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 1
+        pool.membership.vocab_blob = b"second"
+        assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 2
+    assert fetched == [(member.url, member.agreement, 96)] * 2
 
 
 async def test_weights_and_embeddings_fail_over_and_name_what_was_asked(monkeypatch):
@@ -511,7 +514,7 @@ async def test_weights_and_embeddings_fail_over_and_name_what_was_asked(monkeypa
 
     async def fetch_input_embeddings(conn, agreement):
         asked.append((conn.url, agreement))
-        return "embeddings"
+        raise aiohttp.ClientConnectionError("reset")
 
     monkeypatch.setattr(dispatch_module, "fetch_weight", fetch_weight)
     monkeypatch.setattr(dispatch_module, "fetch_input_embeddings", fetch_input_embeddings)
@@ -521,8 +524,15 @@ async def test_weights_and_embeddings_fail_over_and_name_what_was_asked(monkeypa
         with pytest.raises(BatchFailedError, match=r"^/weights/lm_head found no server"):
             await pool.weight("lm_head")
         member.state = MemberState.HEALTHY  # back from its quarantine
-        assert await pool.input_embeddings() == "embeddings"
+        with pytest.raises(BatchFailedError, match=r"^/input_embeddings found no server"):
+            await pool.input_embeddings()
     assert asked == [(member.url, member.agreement, "lm_head"), (member.url, member.agreement)]
+
+
+async def test_the_mapping_is_the_memberships():
+    async with pool_of(0) as pool:
+        await pool.set_vocab_mapping(b"mapping")
+        assert pool.membership.vocab_blob == b"mapping"
 
 
 async def test_settle_counts_the_healthy_servers():
