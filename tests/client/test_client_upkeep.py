@@ -118,13 +118,15 @@ async def test_the_interval_is_waited_before_each_heartbeat():
 # -- DNS refresh ----------------------------------------------------------------------------------
 
 
-async def test_new_addresses_join_and_forget_an_earlier_refusal():
+async def test_new_addresses_join_and_forget_an_earlier_refusal(caplog):
+    caplog.set_level(logging.INFO, "eagle3_target.client.membership")
     roster = membership([A, B])
     kept = member(roster, A)
     roster.refused[B] = "another model"
     assert await notifies(roster, roster.refresh)
     assert roster.members[A] is kept and roster.members[B].state == MemberState.JOINING
     assert roster.members[B].tasks and roster.refused == {}
+    assert [r.getMessage() for r in caplog.records] == [f"new target server {B}"]
     await roster.close()
 
 
@@ -144,11 +146,14 @@ async def test_vanished_addresses_drain_and_idle_ones_retire_at_once(caplog):
 
 
 async def test_a_dns_failure_changes_nothing(caplog):
-    roster = membership(dns.exception.Timeout())
+    failure = dns.exception.Timeout()
+    roster = membership(failure)
     kept = member(roster, A)
     assert not await notifies(roster, roster.refresh)
     assert roster.members == {A: kept} and kept.state == MemberState.HEALTHY
-    assert "re-resolving target endpoints failed (keeping 1 servers): " in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        f"re-resolving target endpoints failed (keeping 1 servers): {failure}"
+    ]
 
 
 async def test_the_refresh_loop_resolves_when_asked_and_outlives_any_failure(caplog):
@@ -162,9 +167,9 @@ async def test_the_refresh_loop_resolves_when_asked_and_outlives_any_failure(cap
             if resolver.calls == calls and not roster.resolve_now.is_set():
                 break
         assert resolver.calls == calls
-    assert (
-        "re-resolving target endpoints failed (keeping 0 servers): RuntimeError: resolver bug" in caplog.text
-    )
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "re-resolving target endpoints failed (keeping 0 servers): RuntimeError: resolver bug"
+    ]
     assert list(roster.members) == [A]
     await roster.close()
 
@@ -174,4 +179,28 @@ async def test_the_refresh_loop_resolves_on_its_interval_at_most_once_per_gap():
     roster.spawn(roster._refresh_loop())
     await asyncio.sleep(0.5)
     assert 2 <= roster.resolver.calls <= 7
+    await roster.close()
+
+
+async def test_the_gap_between_resolutions_counts_from_the_start_of_the_last(monkeypatch):
+    real_sleep, waits = asyncio.sleep, []
+
+    class Slow(Resolver):
+        async def resolve(self) -> list[str]:
+            await real_sleep(0.05)  # a resolution that takes time
+            return await super().resolve()
+
+    async def sleep(seconds):  # the loop's wait after its first resolution, recorded; it never ends
+        waits.append(seconds)
+        await asyncio.Event().wait()
+
+    roster = membership(resolve_interval=0.0, min_resolve_gap=1.0)
+    roster.resolver = Slow([])
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    roster.spawn(roster._refresh_loop())
+    for _ in range(500):
+        await real_sleep(0.01)
+        if waits:
+            break
+    assert waits and waits[0] <= 0.95
     await roster.close()
