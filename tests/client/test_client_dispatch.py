@@ -17,7 +17,7 @@ from eagle3_target.client import PoolOptions
 from eagle3_target.client import dispatch as dispatch_module
 from eagle3_target.client import failover as failover_module
 from eagle3_target.client.agreement import Agreement
-from eagle3_target.client.connection import RequestRejected, ServerError
+from eagle3_target.client.connection import RequestRejected, ServerConnection, ServerError
 from eagle3_target.client.dispatch import TargetPool
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
 from eagle3_target.client.errors import BatchFailedError
@@ -538,3 +538,27 @@ async def test_the_mapping_is_the_memberships():
 async def test_settle_counts_the_healthy_servers():
     async with pool_of(2) as pool:
         assert await pool.settle(0.1) == 2
+
+
+async def test_a_fresh_pool_picks_from_its_first_turn():
+    pool = TargetPool(EndpointResolver([]), "session", options=PoolOptions(**FAST))
+    pool.members[URLS[0]] = Member(ServerConnection(URLS[0], None, "session"), state=MemberState.HEALTHY)
+    assert pool._pick() is pool.members[URLS[0]]
+
+
+async def test_a_rest_ending_now_is_over_and_a_deadline_reached_now_is_past(monkeypatch):
+    async with pool_of(1) as pool:
+        (member,) = members(pool)
+        member.rest_until = 100.0
+        with monkeypatch.context() as clock:
+            clock.setattr(asyncio.get_running_loop(), "time", lambda: 100.0)
+            assert pool._pick() is member
+            assert await pool._acquire(deadline=100.0) is None
+
+
+async def test_a_timed_call_records_how_long_it_took():
+    async with pool_of(1) as pool:
+        (member,) = members(pool)
+        await pool.with_failover(Script(**{member.url: ["ok"]}), what="/generate", hedge=True)
+        (seconds,) = pool._generate_seconds
+        assert 0.0 <= seconds < 5.0
