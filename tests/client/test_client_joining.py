@@ -12,12 +12,15 @@ import aiohttp
 import pytest
 
 from eagle3_target.client import PoolOptions
+from eagle3_target.client import joining as joining_module
 from eagle3_target.client.connection import RequestRejected, ServerError
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
 from eagle3_target.client.errors import BatchFailedError
 from eagle3_target.client.identity import ModelMismatchError
 from eagle3_target.client.members import Member, MemberState
 from eagle3_target.client.membership import Membership
+from eagle3_target.protocol import encodings
+from eagle3_target.protocol.features import supervision_request
 from eagle3_target.protocol.model_info import ModelInfo
 
 pytestmark = pytest.mark.timeout(30)
@@ -108,6 +111,22 @@ async def test_start_checks_the_fleet_with_a_bounded_probe_and_returns_once_one_
     await roster.close()
 
 
+async def test_start_resolves_until_its_deadline_on_the_pools_warning_schedule():
+    asked = []
+
+    class Resolver:
+        async def resolve_until(self, deadline, options):
+            asked.append((deadline - asyncio.get_running_loop().time(), options))
+            return [A]
+
+    roster = membership(Fleet(), start_timeout=40.0)
+    roster.resolver = Resolver()
+    await asyncio.wait_for(roster.start(), 5.0)
+    ((left, options),) = asked
+    assert 39.0 < left <= 40.0 and options is roster.options
+    await roster.close()
+
+
 async def test_the_model_probe_is_bounded_by_a_shorter_request_timeout():
     fleet = Fleet()
     roster = membership(fleet, request_timeout=3.0)
@@ -144,7 +163,8 @@ async def test_start_fails_at_its_deadline_saying_why_each_server_is_not_ready(c
     )
     assert str(failed.value) == f"no target server became ready within 0s: {why}"
     warnings = [r.getMessage() for r in caplog.records if "no target server ready after" in r.getMessage()]
-    assert 1 <= len(warnings) <= 2 and all(w.endswith(f"(start_timeout 0s): {why}") for w in warnings)
+    assert 1 <= len(warnings) <= 2
+    assert set(warnings) == {f"no target server ready after 0s (start_timeout 0s): {why}"}
     await roster.close()
 
 
@@ -157,7 +177,7 @@ async def test_settle_waits_for_joiners_and_warns_about_the_unhealthy(caplog):
     roster._add(A)
     roster._add(B)
     assert await roster.settle(0.2) == 1
-    assert "1 of 2 target servers healthy: " in caplog.text
+    assert f"1 of 2 target servers healthy: {roster.describe()}" in [r.getMessage() for r in caplog.records]
     await roster.close()
 
 
@@ -191,7 +211,7 @@ async def test_a_server_not_ready_is_retried_until_it_joins_with_the_mapping():
     "script, why",
     [
         ({"health": [(401, {"status": "unauthorized"})]}, "HTTP 401 unauthorized"),
-        ({"model_info": [OTHER_MODEL]}, "serves a different target"),
+        ({"model_info": [OTHER_MODEL]}, f"{A} serves a different target"),
     ],
     ids=["4xx", "another-model"],
 )
@@ -204,7 +224,7 @@ async def test_a_server_that_cannot_serve_us_is_refused_for_good(script, why, ca
     found = roster.members[A]
     assert found.state == MemberState.REFUSED and why in found.last_error and why in roster.refused[A]
     assert isinstance(found.refusal, ServerError | ModelMismatchError)
-    assert f"refusing {A}: " in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [f"refusing {A}: {found.refusal}"]
     await roster.close()
 
 
@@ -295,17 +315,27 @@ async def test_the_mapping_goes_to_every_healthy_server_and_a_failing_one_is_qua
     await roster.set_vocab_mapping(b"mapping")
     assert roster.vocab_blob == b"mapping"
     assert [m.url for m in roster.healthy()] == [A] and roster.members[B].state == MemberState.QUARANTINED
+    assert roster.members[B].last_error == "ClientConnectionError: reset"
     assert roster.members[A].conn.blobs[-1] == b"mapping"
     await roster.close()
 
 
 async def test_a_mapping_every_server_refuses_is_rejected():
     no = ServerError(A, "set_vocab_mapping", 400, "bad_request", "ids out of range")
-    fleet = Fleet(**scripts(a={"set_vocab_mapping": [no]}, b={"set_vocab_mapping": [no]}))
+    nor = ServerError(B, "set_vocab_mapping", 403, "forbidden", "not yours")
+    fleet = Fleet(**scripts(a={"set_vocab_mapping": [no]}, b={"set_vocab_mapping": [nor]}))
     roster = await healthy_pair(fleet)
-    with pytest.raises(RequestRejected, match="ids out of range") as rejected:
+    with pytest.raises(RequestRejected) as rejected:
         await roster.set_vocab_mapping(b"mapping")
-    assert (rejected.value.url, rejected.value.status) == (A, 400)
+    first = rejected.value
+    assert (first.url, first.path, first.status, first.error, first.detail) == (
+        A,
+        "set_vocab_mapping",
+        400,
+        "bad_request",
+        "ids out of range",
+    )
+    assert first.__cause__ is no
     await roster.close()
 
 
@@ -316,4 +346,64 @@ async def test_a_mapping_one_server_refuses_quarantines_only_that_one(caplog):
     roster = await healthy_pair(fleet)
     await roster.set_vocab_mapping(b"mapping")
     assert [m.url for m in roster.healthy()] == [A]
+    await roster.close()
+
+
+async def test_settle_waits_through_every_change_until_none_is_joining():
+    fleet = Fleet(**scripts(b={"health": [(503, {}), (200, {})]}))
+    roster = membership(fleet, (A, B))
+    roster._add(A)
+    roster._add(B)
+    started = asyncio.get_running_loop().time()
+    assert await roster.settle(5.0) == 2
+    assert asyncio.get_running_loop().time() - started < 2.0  # woken by the joins, not by its timeout
+    await roster.close()
+
+
+async def test_a_joiner_not_up_yet_says_why_while_it_waits():
+    fleet = Fleet(**scripts(a={"health": [aiohttp.ClientConnectionError("refused"), HANG]}))
+    roster = membership(fleet)
+    roster._add(A)
+    found = roster.members[A]
+    await until(lambda: len(found.conn.calls) == 2)
+    assert (found.state, found.last_error) == (MemberState.JOINING, "ClientConnectionError: refused")
+    await roster.close()
+
+
+async def test_joining_backs_off_doubling_with_jitter_up_to_the_cap(monkeypatch):
+    real_sleep, waits = asyncio.sleep, []
+
+    async def sleep(seconds):
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(joining_module.random, "uniform", lambda low, high: low)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    fleet = Fleet(**scripts(a={"health": [(503, {})] * 4 + [(200, {})]}))
+    roster = membership(fleet, backoff_base=1.0, backoff_max=3.0)
+    found = roster.members[A] = Member(fleet.connect(A))
+    await roster._join(found)
+    assert found.state == MemberState.HEALTHY and waits[:4] == [0.5, 1.0, 1.5, 1.5]
+    await roster.close()
+
+
+async def test_admission_makes_the_agreement_on_the_pools_terms(caplog):
+    caplog.set_level(logging.INFO, "eagle3_target.client.membership")
+    features = supervision_request(INFO.aux_layer_ids)
+    roster = membership(Fleet(), data_path="p2p", request_timeout=7.0, features=features)
+    roster._add(A)
+    await until(lambda: roster.healthy())
+    agreement = roster.members[A].agreement
+    assert agreement.supervised and agreement.features == features
+    assert (agreement.p2p.url, agreement.p2p.mode, agreement.p2p.timeout) == (A, "p2p", 7.0)
+    assert f"{A} is healthy" in [r.getMessage() for r in caplog.records]
+    await roster.close()
+
+
+async def test_a_packing_job_refuses_a_server_that_cannot_pack():
+    roster = membership(Fleet(), packing=True)
+    roster._add(A)
+    await until(lambda: roster.members[A].state == MemberState.REFUSED)
+    assert isinstance(roster.members[A].refusal, encodings.EncodingError)
+    assert roster.refused[A].startswith(f"{A} cannot compute packed rows")
     await roster.close()
