@@ -29,6 +29,7 @@ pool="tests/client/test_client_backend.py tests/client/test_client_discovery.py 
 # short() is also checked on aiohttp's own connection errors.
 short="tests/client/test_client_faults.py::test_a_refused_connection_is_named_in_words
   tests/client/test_client_faults.py::test_an_unresolvable_name_is_named_with_the_resolvers_words
+  tests/client/test_client_faults.py::test_an_error_number_is_named_in_the_systems_words
   tests/client/test_client_faults.py::test_a_failure_is_one_short_line"
 # Dispatch and failover: test_client_dispatch.py drives both with a real pool whose members are made healthy by
 # hand, one path at a time and in milliseconds (the selection of server tests used before the module split took

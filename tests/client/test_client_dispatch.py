@@ -562,3 +562,15 @@ async def test_a_timed_call_records_how_long_it_took():
         await pool.with_failover(Script(**{member.url: ["ok"]}), what="/generate", hedge=True)
         (seconds,) = pool._generate_seconds
         assert 0.0 <= seconds < 5.0
+
+
+async def test_the_servers_are_described_with_their_states_and_refusals():
+    async with pool_of(0) as pool:
+        assert pool.describe_members() == "no servers"
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        b.state, b.last_error = MemberState.QUARANTINED, "TimeoutError"
+        pool.membership.refused.update({URLS[1]: "stale", URLS[2]: "another model"})
+        assert pool.describe_members() == (
+            f"{a.url} healthy; {b.url} quarantined (TimeoutError); {URLS[2]} refused (another model)"
+        )
