@@ -17,7 +17,7 @@ from eagle3_target.client import PoolOptions
 from eagle3_target.client import dispatch as dispatch_module
 from eagle3_target.client import failover as failover_module
 from eagle3_target.client.agreement import Agreement
-from eagle3_target.client.connection import RequestRejected, ServerError
+from eagle3_target.client.connection import RequestRejected, ServerConnection, ServerError
 from eagle3_target.client.dispatch import TargetPool
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
 from eagle3_target.client.errors import BatchFailedError
@@ -424,7 +424,7 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
     calls = []
 
     async def fetch_capture(conn, agreement, request, shape, blob, features):
-        calls.append((conn.url, request, shape, blob, features))
+        calls.append((conn.url, agreement, request, shape, blob, features))
         if len(calls) == 1:
             await asyncio.Event().wait()  # the first server is silent
         return "captured"
@@ -436,6 +436,141 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
             member.agreement = Agreement(ModelInfo(8, 64, 512, (1, 3, 4)), features=features)
         pool.membership.vocab_blob = b"mapping"
         assert await pool.capture(b"request", 2, 16, 96) == "captured"
-    assert calls == [(url, b"request", (2, 16, 96), b"mapping", features) for url in (a.url, b.url)]
+    assert calls == [(m.url, m.agreement, b"request", (2, 16, 96), b"mapping", features) for m in (a, b)]
     assert pool.hedges == 1
     assert f"{a.url} has not answered /generate for 0.2s" in caplog.text
+
+
+# -- the calls a trainer makes -------------------------------------------------------------------
+
+
+def agreed(pool: TargetPool, **terms) -> None:
+    for member in members(pool):
+        member.agreement = Agreement(ModelInfo(8, 64, 512, (1, 3, 4)), **terms)
+
+
+async def test_connections_carry_the_pools_session_token_and_priority():
+    options = PoolOptions(priority="low")
+    pool = TargetPool(EndpointResolver([]), "job-7", auth_token="secret", options=options)
+    async with aiohttp.ClientSession() as pool._http:
+        conn = pool._connection(URLS[0])
+    assert conn.headers == {
+        "X-Eagle3-Session": "job-7",
+        "Authorization": "Bearer secret",
+        "X-Eagle3-Priority": "low",
+    }
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["generate", "supervised-capture"])
+async def test_supervision_is_a_hedged_generate_with_the_jobs_mapping_and_shape(monkeypatch, caplog, capture):
+    calls = []
+
+    async def fetch_supervision(conn, agreement, request, shape, blob):
+        calls.append((conn.url, agreement, request, shape, blob))
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # the first server is silent
+        return dispatch_module.Reply(encodings.NEMO, {})
+
+    monkeypatch.setattr(dispatch_module, "fetch_supervision", fetch_supervision)
+    async with pool_of(2, hedge_after=0.2) as pool:
+        agreed(pool, supervised=True)
+        a, b = members(pool)
+        pool.membership.vocab_blob = b"mapping"
+        call = pool.capture if capture else pool.generate
+        assert await call(b"request", 2, 16, 96) == dispatch_module.Reply(encodings.NEMO, {})
+    assert calls == [(m.url, m.agreement, b"request", (2, 16, 96), b"mapping") for m in (a, b)]
+    assert pool.hedges == 1 and f"{a.url} has not answered /generate for 0.2s" in caplog.text
+
+
+async def test_a_hidden_reply_gets_the_mappings_head_rows_fetched_once_per_mapping(monkeypatch):
+    fetched = []
+
+    async def fetch_supervision(conn, agreement, request, shape, blob):
+        return dispatch_module.Reply(encodings.HIDDEN, {})
+
+    async def fetch_lm_head(conn, agreement, draft_vocab):
+        fetched.append((conn.url, agreement, draft_vocab))
+        return len(fetched)
+
+    monkeypatch.setattr(dispatch_module, "fetch_supervision", fetch_supervision)
+    monkeypatch.setattr(dispatch_module, "fetch_lm_head", fetch_lm_head)
+    async with pool_of(1) as pool:
+        agreed(pool)
+        (member,) = members(pool)
+        pool.membership.vocab_blob = b"first"
+        for _ in range(2):
+            assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 1
+        pool.membership.vocab_blob = b"second"
+        assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 2
+    assert fetched == [(member.url, member.agreement, 96)] * 2
+
+
+async def test_weights_and_embeddings_fail_over_and_name_what_was_asked(monkeypatch):
+    asked = []
+
+    async def fetch_weight(conn, agreement, name):
+        asked.append((conn.url, agreement, name))
+        raise aiohttp.ClientConnectionError("reset")
+
+    async def fetch_input_embeddings(conn, agreement):
+        asked.append((conn.url, agreement))
+        raise aiohttp.ClientConnectionError("reset")
+
+    monkeypatch.setattr(dispatch_module, "fetch_weight", fetch_weight)
+    monkeypatch.setattr(dispatch_module, "fetch_input_embeddings", fetch_input_embeddings)
+    async with pool_of(1, deadline=0.2) as pool:
+        agreed(pool)
+        (member,) = members(pool)
+        with pytest.raises(BatchFailedError, match=r"^/weights/lm_head found no server"):
+            await pool.weight("lm_head")
+        member.state = MemberState.HEALTHY  # back from its quarantine
+        with pytest.raises(BatchFailedError, match=r"^/input_embeddings found no server"):
+            await pool.input_embeddings()
+    assert asked == [(member.url, member.agreement, "lm_head"), (member.url, member.agreement)]
+
+
+async def test_the_mapping_is_the_memberships():
+    async with pool_of(0) as pool:
+        await pool.set_vocab_mapping(b"mapping")
+        assert pool.membership.vocab_blob == b"mapping"
+
+
+async def test_settle_counts_the_healthy_servers():
+    async with pool_of(2) as pool:
+        assert await pool.settle(0.1) == 2
+
+
+async def test_a_fresh_pool_picks_from_its_first_turn():
+    pool = TargetPool(EndpointResolver([]), "session", options=PoolOptions(**FAST))
+    pool.members[URLS[0]] = Member(ServerConnection(URLS[0], None, "session"), state=MemberState.HEALTHY)
+    assert pool._pick() is pool.members[URLS[0]]
+
+
+async def test_a_rest_ending_now_is_over_and_a_deadline_reached_now_is_past(monkeypatch):
+    async with pool_of(1) as pool:
+        (member,) = members(pool)
+        member.rest_until = 100.0
+        with monkeypatch.context() as clock:
+            clock.setattr(asyncio.get_running_loop(), "time", lambda: 100.0)
+            assert pool._pick() is member
+            assert await pool._acquire(deadline=100.0) is None
+
+
+async def test_a_timed_call_records_how_long_it_took():
+    async with pool_of(1) as pool:
+        (member,) = members(pool)
+        await pool.with_failover(Script(**{member.url: ["ok"]}), what="/generate", hedge=True)
+        (seconds,) = pool._generate_seconds
+        assert 0.0 <= seconds < 5.0
+
+
+async def test_the_servers_are_described_with_their_states_and_refusals():
+    async with pool_of(0) as pool:
+        assert pool.describe_members() == "no servers"
+    async with pool_of(2) as pool:
+        a, b = members(pool)
+        b.state, b.last_error = MemberState.QUARANTINED, "TimeoutError"
+        pool.membership.refused.update({URLS[1]: "stale", URLS[2]: "another model"})
+        assert pool.describe_members() == (
+            f"{a.url} healthy; {b.url} quarantined (TimeoutError); {URLS[2]} refused (another model)"
+        )

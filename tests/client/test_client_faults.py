@@ -130,6 +130,12 @@ def test_an_unresolvable_name_is_named_with_the_resolvers_words():
     assert short(wordless) == "cannot connect to pods.example:8000: no route to the pods"
 
 
+def test_an_error_number_is_named_in_the_systems_words():
+    key = ConnectionKey("pods.example", 8000, False, True, None, None, None)
+    denied = aiohttp.ClientConnectorError(key, OSError(1, "the server's own words"))
+    assert short(denied) == "cannot connect to pods.example:8000: Operation not permitted"
+
+
 def test_a_failure_is_one_short_line():
     assert short(TimeoutError()) == "TimeoutError"
     assert short(ServerFault("x" * 287)) == "ServerFault: " + "x" * 287  # 300 characters: kept whole
