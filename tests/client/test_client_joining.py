@@ -154,7 +154,7 @@ async def test_start_raises_the_refusal_when_every_server_is_refused():
 
 async def test_start_fails_at_its_deadline_saying_why_each_server_is_not_ready(caplog):
     fleet = Fleet(**scripts(a={"health": [(503, {"status": "loading"})]}, b={"health": [(404, {})]}))
-    roster = membership(fleet, (A, B), start_timeout=0.3, wait_log_interval=0.1)
+    roster = membership(fleet, (A, B), start_timeout=0.49, wait_log_interval=0.1)  # warns at 0.1 s and 0.3 s
     with pytest.raises(BatchFailedError) as failed:
         await asyncio.wait_for(roster.start(), 5.0)
     why = (
@@ -356,7 +356,7 @@ async def test_settle_waits_through_every_change_until_none_is_joining():
     roster._add(B)
     started = asyncio.get_running_loop().time()
     assert await roster.settle(5.0) == 2
-    assert asyncio.get_running_loop().time() - started < 2.0  # woken by the joins, not by its timeout
+    assert asyncio.get_running_loop().time() - started < 4.5  # woken by the joins, not by its 5 s timeout
     await roster.close()
 
 
