@@ -7,7 +7,7 @@ from target_support import generate_body, vocab_body
 
 from eagle3_target.protocol import wire
 from eagle3_target.server.errors import InvalidInput, OutOfRange, TooLarge
-from eagle3_target.server.request import MAX_ENTRIES, parse_generate, parse_vocab_mapping
+from eagle3_target.server.request import MAX_ENTRIES, packing_offered, parse_generate, parse_vocab_mapping
 
 V = 10
 
@@ -207,4 +207,70 @@ def test_a_vocab_mapping_at_its_limits_is_taken():
         InvalidInput,
         "missing_keys",
         "missing tensors ['selected_token_mask']; expected ['selected_token_ids', 'selected_token_mask']",
+    )
+
+
+def packed(seq_lens, positions=(0, 1, 2, 0), keys=("position_ids", "seq_lens")) -> bytes:
+    """A [2, 4] batch with NeMo's packing metadata: seq_lens as given, every row's positions `positions`."""
+    ids = torch.ones(2, 4, dtype=torch.long)
+    meta = {"position_ids": torch.tensor([positions] * 2), "seq_lens": torch.as_tensor(seq_lens)}
+    return wire.encode(
+        {"input_ids": ids, "attention_mask": ids, "loss_mask": ids, **{k: meta[k] for k in keys}}
+    )
+
+
+def test_packed_rows_at_their_limits_are_taken():
+    # as many documents as tokens, a zero length (NeMo's padding), positions 0 and S - 1
+    for seq_lens, positions in (([[1, 1, 1, 1]] * 2, (0, 0, 0, 0)), ([[4, 0]] * 2, (0, 1, 2, 3))):
+        got = parse_generate(bytearray(packed(seq_lens, positions)), V, 8)
+        assert list(got)[-2:] == ["position_ids", "seq_lens"]
+        assert torch.equal(got["seq_lens"], torch.tensor(seq_lens))
+        assert torch.equal(got["position_ids"], torch.tensor([positions] * 2))
+
+
+@pytest.mark.parametrize(
+    "body, detail",
+    [
+        (
+            packed([[3, 1]] * 2, keys=("seq_lens",)),
+            "packed rows need both position_ids and seq_lens; got only seq_lens",
+        ),
+        (
+            packed([[3, 1]] * 2, keys=("position_ids",)),
+            "packed rows need both position_ids and seq_lens; got only position_ids",
+        ),
+        (packed([[3, 1]] * 2, positions=(0, 1, 2)), "position_ids has shape [2, 3], input_ids has [2, 4]"),
+        (packed([3, 1]), "seq_lens must be [2, documents], got [2]"),
+        (packed([[3, 1]]), "seq_lens must be [2, documents], got [1, 2]"),
+        (packed(torch.zeros(2, 0, dtype=torch.long)), "seq_lens must be [2, documents], got [2, 0]"),
+        (packed([[1, 1, 1, 1, 0]] * 2), "seq_lens has 5 documents per row, more than the 4 tokens"),
+        (packed([[5, -1]] * 2), "seq_lens holds a negative length (-1)"),
+        (packed([[3, 1], [3, 2]]), "seq_lens rows sum to [4, 5]; each must be the sequence length 4"),
+        (packed([[3, 1], [2, 1]]), "seq_lens rows sum to [4, 3]; each must be the sequence length 4"),
+        (
+            packed([[3, 1]] * 2, positions=(0, 1, 2, 4)),
+            "position_ids span [0, 4]; packed positions are in [0, 4)",
+        ),
+        (
+            packed([[3, 1]] * 2, positions=(-1, 1, 2, 0)),
+            "position_ids span [-1, 2]; packed positions are in [0, 4)",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "packed",
+)
+def test_bad_packing_is_refused_in_words(body, detail):
+    """Each refusal's words whole: the server answers with them."""
+    assert refused(parse_generate, body, V, 8) == (InvalidInput, "bad_packing", detail)
+
+
+def test_packed_rows_to_a_runner_without_packing_are_refused():
+    rows = {"input_ids": torch.ones(1, 2, dtype=torch.long), "seq_lens": torch.tensor([[2]])}
+    packing_offered(rows, True, "hf")  # offered: taken
+    packing_offered({"input_ids": rows["input_ids"]}, False, "vllm")  # unpacked rows: taken anywhere
+    with pytest.raises(InvalidInput) as error:
+        packing_offered(rows, False, "vllm")
+    assert (error.value.error, error.value.detail) == (
+        "packing_not_offered",
+        "this server's vllm runner cannot honour packed rows (a block-causal mask); "
+        "send unpacked rows or use an hf server",
     )
