@@ -353,6 +353,21 @@ def test_the_key_that_is_not_utf8_is_named():
     assert _decoded_or_error(lambda: decode(bytearray(blob))) == message
 
 
+def test_a_long_key_that_is_not_utf8_is_named_by_its_first_40_bytes():
+    raw = b"\xff" * 41
+    blob = wire.MAGIC_BYTES + _entry(raw, 7, [1], 1, b"\x01")
+    message = f"key {raw[:40]!r} is not UTF-8"
+    assert _decoded_or_error(lambda: read_streamed(blob)) == message
+    assert _decoded_or_error(lambda: decode(bytearray(blob))) == message
+
+
+def test_a_key_of_the_most_bytes_allowed_is_read():
+    key = "k" * wire.MAX_KEY_BYTES
+    blob = encode({key: torch.ones(1)})
+    assert list(read_streamed(blob)) == [key]
+    assert list(decode(bytearray(blob))) == [key]
+
+
 @pytest.mark.parametrize("count, allowed", [(16, True), (17, False)])
 def test_max_entries_is_the_most_allowed(count, allowed):
     blob = wire.MAGIC_BYTES + b"".join(struct.pack("<I", 2) + b"%02d" % i + b"\x01" for i in range(count))
