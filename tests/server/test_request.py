@@ -274,3 +274,11 @@ def test_packed_rows_to_a_runner_without_packing_are_refused():
         "this server's vllm runner cannot honour packed rows (a block-causal mask); "
         "send unpacked rows or use an hf server",
     )
+
+
+def test_a_bad_sum_names_the_first_8_rows():
+    ids = torch.ones(9, 2, dtype=torch.long)
+    meta = {"position_ids": torch.zeros(9, 2, dtype=torch.long), "seq_lens": torch.arange(9).unsqueeze(1)}
+    body = wire.encode({"input_ids": ids, "attention_mask": ids, "loss_mask": ids, **meta})
+    detail = "seq_lens rows sum to [0, 1, 2, 3, 4, 5, 6, 7]; each must be the sequence length 2"
+    assert refused(parse_generate, body, V, 18) == (InvalidInput, "bad_packing", detail)
