@@ -10,6 +10,8 @@ import torch
 from target_support import generate_body, serve, vocab_body
 
 from eagle3_target.protocol import contract
+from eagle3_target.protocol.binding import check_echo, check_finite, check_inputs_echo
+from eagle3_target.protocol.wire import WireError
 from eagle3_target.server.runners.synthetic import SyntheticRunner
 
 V = 512
@@ -41,3 +43,32 @@ async def test_the_reply_echoes_a_well_formed_request_id_with_the_body_digest(re
         assert contract.REQUEST_ID_HEADER not in reply.headers
         assert contract.REQUEST_DIGEST_HEADER not in reply.headers
     assert info["request_binding"] == "sha256"
+
+
+def refusal(check, *args) -> str:
+    with pytest.raises(WireError) as error:
+        check(*args)
+    return str(error.value)
+
+
+def test_the_clients_checks_name_what_is_wrong():
+    """The words a refused reply is logged with: the id or digest received, cut at 80 characters."""
+    ours = {contract.REQUEST_ID_HEADER: "req-1", contract.REQUEST_DIGEST_HEADER: "d" * 64}
+    check_echo(ours, "req-1", "d" * 64)
+    other = {**ours, contract.REQUEST_ID_HEADER: "x" * 81}
+    assert (
+        refusal(check_echo, other, "req-1", "d" * 64)
+        == f"the reply answers request {'x' * 80!r}, not 'req-1'"
+    )
+    other = {**ours, contract.REQUEST_DIGEST_HEADER: "e" * 81}
+    assert refusal(check_echo, other, "req-1", "d" * 64) == (
+        f"the reply was computed on another request body (digest {'e' * 80!r})"
+    )
+    ids, loss = torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 1]])
+    reply = {"input_ids": torch.tensor([[2, 3, 0]]), "loss_mask": torch.tensor([[1, 1, 0]])}
+    check_inputs_echo(reply, ids, loss)
+    words = refusal(check_inputs_echo, {**reply, "loss_mask": torch.tensor([[1, 0, 0]])}, ids, loss)
+    assert words == "the reply's loss_mask are not this request's: a reply to another batch"
+    check_finite({"logits": torch.ones(2), "input_ids": ids})
+    words = refusal(check_finite, {"logits": torch.tensor([1.0, float("nan")])})
+    assert words == "the reply's 'logits' holds NaN or infinite values"
