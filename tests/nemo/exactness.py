@@ -252,14 +252,19 @@ def run_remote(
     section = {"endpoints": ",".join(endpoints), "wait_timeout": 60, **remote_target}
     path = recipe_yaml(family, target.config_only, target.chats, out, remote_target=section)
     recipe = family.our_class()(load_config(path))
+    run = train_closing(recipe, family, out / "checkpoints", on_micro_batch)
+    assert not weight_files(target.config_only), "the trainer must not need the target's weights"
+    return run
+
+
+def train_closing(recipe, family: Family, checkpoints: Path, on_micro_batch=None) -> Run:
+    """train(), then close the recipe's fleet target, if it has one (NeMo's co-located recipes have none)."""
     try:
-        run = train(recipe, family, out / "checkpoints", on_micro_batch)
+        return train(recipe, family, checkpoints, on_micro_batch)
     finally:
         close = getattr(getattr(recipe, "target_wrapper", None), "close", None)
         if close is not None:
             close()
-    assert not weight_files(target.config_only), "the trainer must not need the target's weights"
-    return run
 
 
 def run_prefetched(

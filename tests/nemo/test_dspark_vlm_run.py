@@ -29,6 +29,7 @@ from .exactness import (
     recipe_yaml,
     start_fleet,
     train,
+    train_closing,
     weight_files,
 )
 from .minimax_vlm import LAYERS, make_minimax_target
@@ -113,12 +114,7 @@ def run_remote(target, fleet, out, dataset):
         DSPARK_VLM, target.config_only, target.chats, out, dataset=dataset, remote_target=section
     )
     recipe = DSPARK_VLM.our_class()(load_config(path))
-    try:
-        return train(recipe, DSPARK_VLM, out / "checkpoints")
-    finally:
-        close = getattr(getattr(recipe, "target_wrapper", None), "close", None)
-        if close is not None:
-            close()
+    return train_closing(recipe, DSPARK_VLM, out / "checkpoints")
 
 
 @pytest.mark.skip_ok_in_ci  # .ci/extras runs it where torchvision imports (module docstring)

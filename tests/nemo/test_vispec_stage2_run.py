@@ -13,7 +13,15 @@ import pytest
 import torch
 from vlm_target import make_vlm_data
 
-from .exactness import Family, assert_exact, fleet_fixture, load_config, recipe_yaml, train, weight_files
+from .exactness import (
+    Family,
+    assert_exact,
+    fleet_fixture,
+    load_config,
+    recipe_yaml,
+    train_closing,
+    weight_files,
+)
 from .vlm_support import require_image_pipeline, vlm_target_fixture
 
 STAGE2 = Family(
@@ -43,12 +51,7 @@ def dataset(target, tmp_path_factory):
 def run(target_path, target, out, dataset, **sections):
     path = recipe_yaml(STAGE2, target_path, target.chats, out, dataset=dataset, **sections)
     recipe = STAGE2.our_class()(load_config(path)) if sections else STAGE2.nemo_class()(load_config(path))
-    try:
-        return train(recipe, STAGE2, out / "checkpoints")
-    finally:
-        close = getattr(getattr(recipe, "target_wrapper", None), "close", None)
-        if close is not None:
-            close()
+    return train_closing(recipe, STAGE2, out / "checkpoints")
 
 
 @pytest.mark.skip_ok_in_ci  # .ci/extras runs it where torchvision imports (module docstring)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pod_state_support import pod_state
 
 from eagle3_target.operator import builders, discovery
 from eagle3_target.operator.planner import PodState, Rollout, plan
@@ -182,21 +183,6 @@ def test_malformed_spec_raises_invalid_spec():
         TargetSpec.parse({})
 
 
-def pod_state(ordinal: int, spec_hash: str = "new", ready: bool = True, **kw) -> PodState:
-    fields = dict(
-        name=f"t-{ordinal}",
-        ordinal=ordinal,
-        spec_hash=spec_hash,
-        ready=ready,
-        ip=f"127.0.0.{ordinal + 2}",
-        http_port=8001,
-        phase="Running",
-        terminating=False,
-        failing_reason=None,
-    )
-    return PodState(**{**fields, **kw})
-
-
 def rollout(replicas: int, **kw) -> Rollout:
     return Rollout(replicas=replicas, revision="new", **kw)
 
@@ -304,7 +290,7 @@ def test_status_counts_endpoints_and_degraded():
     status = compute_status(
         name="t", pods=pods, observed=Observed(rollout(2), generation=4), selector="s", previous=None, at=0.0
     )
-    assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (2, 1, ["127.0.0.2:8001"])
+    assert (status["replicas"], status["readyReplicas"], status["endpoints"]) == (2, 1, ["10.0.0.2:8001"])
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "CrashLoopBackOff"
     assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "PodsFailing")

@@ -5,6 +5,7 @@ tensor-parallel size, the wait reason in status, and replacing pods on dead node
 from __future__ import annotations
 
 import pytest
+from pod_state_support import pod_state as shared_pod_state
 
 from eagle3_target.operator import builders, discovery
 from eagle3_target.operator.disruption import Disruption, switch_bound
@@ -151,18 +152,7 @@ def test_an_engine_that_cannot_split_a_replica_is_not_ready_with_the_reason():
 
 
 def pod_state(ordinal: int, **kw) -> PodState:
-    fields = dict(
-        name=f"t-{ordinal}",
-        ordinal=ordinal,
-        spec_hash="r",
-        ready=True,
-        ip="10.0.0.1",
-        http_port=8001,
-        phase="Running",
-        terminating=False,
-        failing_reason=None,
-    )
-    return PodState(**{**fields, **kw})
+    return shared_pod_state(ordinal, spec_hash="r", **kw)
 
 
 def test_the_wait_reason_is_the_ready_reason_and_a_short_column():

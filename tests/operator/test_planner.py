@@ -3,6 +3,8 @@ deletes next (rollout order, surge and availability bounds, pods that are done o
 
 from __future__ import annotations
 
+from pod_state_support import pod_state as state
+
 from eagle3_target.operator.builders import HASH_ANNOTATION, ORDINAL_LABEL
 from eagle3_target.operator.groups import GROUP_LABEL, RANK_LABEL
 from eagle3_target.operator.planner import PodState, Rollout, free_name, parse_time, plan
@@ -166,21 +168,6 @@ def test_times_read_with_their_offset():
     assert parse_time("2026-01-01T00:00:00Z") == EPOCH
     assert parse_time("2026-01-01T02:00:00+02:00") == EPOCH
     assert parse_time("") is None and parse_time(None) is None
-
-
-def state(ordinal: int, spec_hash: str = "new", ready: bool = True, **kw) -> PodState:
-    fields = dict(
-        name=f"t-{ordinal}",
-        ordinal=ordinal,
-        spec_hash=spec_hash,
-        ready=ready,
-        ip="10.0.0.2",
-        http_port=8001,
-        phase="Running",
-        terminating=False,
-        failing_reason=None,
-    )
-    return PodState(**{**fields, **kw})
 
 
 def test_a_terminating_pod_is_abandoned_from_its_deadline_plus_the_grace_on():

@@ -7,6 +7,7 @@ import datetime
 import time
 
 import pytest
+from pod_state_support import pod_state as pod
 
 from eagle3_target.operator.planner import PodState, Rollout
 from eagle3_target.operator.status import (
@@ -22,21 +23,6 @@ SCHEDULER = (
     "0/20 nodes are available: 20 Insufficient nvidia.com/gpu. preemption: 0/20 nodes are available: "
     "20 No preemption victims found for incoming pod."
 )
-
-
-def pod(ordinal: int, spec_hash: str = "new", ready: bool = True, **kw) -> PodState:
-    fields = dict(
-        name=f"t-{ordinal}",
-        ordinal=ordinal,
-        spec_hash=spec_hash,
-        ready=ready,
-        ip=f"10.0.0.{ordinal + 2}",
-        http_port=8001,
-        phase="Running",
-        terminating=False,
-        failing_reason=None,
-    )
-    return PodState(**{**fields, **kw})
 
 
 def status(pods: list[PodState], replicas=2, previous=None, at=0.0, image="", **observed) -> dict:
