@@ -130,10 +130,10 @@ def test_rendered_eagle3target_matches_the_crd_schema(renders, crd):
 
 def test_crd_schema_check_catches_bad_and_unknown_fields(renders, crd):
     target = json.loads(json.dumps(one(renders["defaults"], "Eagle3Target")))
-    target["spec"]["engine"] = "tgi"
+    target["spec"]["engine"] = "TGI"
     target["spec"]["ports"]["nccl"]["perRank"] = 4
     problems = check_eagle3target(target, crd)
-    assert any("engine" in p and "tgi" in p for p in problems), problems
+    assert any("engine" in p and "TGI" in p for p in problems), problems
     assert "spec.ports.nccl.perRank is not in the CRD schema" in problems
 
 

@@ -13,7 +13,7 @@ from eagle3_target.operator import builders
 BAD_VALUES = [
     ({"target.replicas": "-1"}, "at '/target/replicas': minimum: got -1, want 0"),
     ({"target.gpusPerReplica": "17"}, "at '/target/gpusPerReplica': maximum: got 17, want 16"),
-    ({"target.engine": '"tgi"'}, "at '/target/engine': value must be one of 'hf', 'sglang', 'vllm'"),
+    ({"target.engine": '"TGI"'}, "at '/target/engine'"),
     ({"target.dtype": '"int4"'}, "at '/target/dtype'"),
     ({"target.auxLayerIds": "[1, 2]"}, "minItems: got 2, want 3"),
     ({"target.model": '""'}, "at '/target/model'"),

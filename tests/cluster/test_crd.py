@@ -74,7 +74,7 @@ LONGEST = "x" * builders.MAX_NAME_LENGTH
         ),
         ("llama", {"updateStrategy": {"maxSurge": 0, "maxUnavailable": 0}}, "must not both be 0"),
         ("llama", {"engine": "vllm"}, None),
-        ("llama", {"engine": "tgi"}, 'spec.engine: Unsupported value: "tgi"'),
+        ("llama", {"engine": "TGI"}, 'spec.engine: Invalid value: "TGI"'),
         (
             "llama",
             {"replicas": 1, "disruption": {"maxUnavailable": 0}},

@@ -11,7 +11,8 @@ import json
 from eagle3_target.protocol import contract
 
 from . import GROUP, groups, placement
-from .target_spec import ROLLOUT_FIELDS, SERVER_CONTAINER, TargetSpec
+from .spec_checks import SERVER_CONTAINER
+from .target_spec import ROLLOUT_FIELDS, TargetSpec
 from .template import with_template as _with_template
 from .volumes import CACHE_DIR, TOKEN_DIR, pod_volumes
 

@@ -6,6 +6,8 @@ break at most one group."""
 
 from __future__ import annotations
 
+from eagle3_target.protocol.engines import engine
+
 from . import GROUP
 from .placement import HOST_KEY
 from .target_spec import TargetSpec
@@ -14,14 +16,17 @@ GROUP_LABEL = f"{GROUP}/group"  # the leader pod's name: one value per group, ne
 RANK_LABEL = f"{GROUP}/rank"
 ROLE_LABEL = f"{GROUP}/role"
 LEADER, WORKER = "leader", "worker"
-# Engines that combine tensor parallel within a node with pipeline parallel across nodes; hf splits a replica
-# one way at a time.
-TENSOR_AND_PIPELINE_ENGINES = ("vllm",)
 TENSOR_FLAG, PIPELINE_FLAG = "--tensor-parallel-size", "--pipeline-parallel-size"
 
 
 def spans_nodes(spec: TargetSpec) -> bool:
     return spec.nodes_per_replica > 1
+
+
+def both_at_once(spec: TargetSpec) -> bool:
+    """Whether the engine combines tensor parallel within a node with pipeline parallel across nodes (vllm);
+    hf splits a replica one way at a time (the engine table says which)."""
+    return engine(spec.engine).both_at_once
 
 
 def member_name(group: str, rank: int) -> str:
@@ -48,7 +53,7 @@ def default_split(spec: TargetSpec) -> tuple[int, int]:
     pipeline parallel across nodes. hf, one way at a time: pipeline stages across the nodes of one-GPU (or
     CPU) pods, which pass one hidden state per boundary; otherwise one tensor-parallel group over every GPU."""
     gpus, nodes = spec.gpus_per_replica, spec.nodes_per_replica
-    if nodes == 1 or spec.engine in TENSOR_AND_PIPELINE_ENGINES:
+    if nodes == 1 or both_at_once(spec):
         return gpus, nodes
     return (1, nodes) if gpus <= 1 else (gpus * nodes, 1)
 
@@ -58,7 +63,7 @@ def split_args(spec: TargetSpec, flag: str) -> list[str]:
     set the other split) or the size is 1."""
     given = [f for f in (TENSOR_FLAG, PIPELINE_FLAG) if _given(spec.args, f)]
     size = default_split(spec)[0 if flag == TENSOR_FLAG else 1]
-    if size <= 1 or flag in given or (given and spec.engine not in TENSOR_AND_PIPELINE_ENGINES):
+    if size <= 1 or flag in given or (given and not both_at_once(spec)):
         return []
     return [flag, str(size)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from .target_spec import SERVER_CONTAINER
+from .spec_checks import SERVER_CONTAINER
 
 # podTemplate.spec fields that replace what the flat fields and the defaults set (an empty
 # topologySpreadConstraints list turns the default spread off), and those whose items are appended.

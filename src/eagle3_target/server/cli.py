@@ -14,6 +14,7 @@ from pathlib import Path
 
 from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.contract import DEFAULT_PORT, PRIORITIES
+from eagle3_target.protocol.engines import COMMON_OPTIONS, engine, engines
 
 from .options import (
     DEFAULT_DRAIN_TIMEOUT,
@@ -31,7 +32,6 @@ from .p2p import options as p2p_options
 from .parallel import ParallelLayout
 
 log = logging.getLogger(__name__)
-ENGINES = ("hf", "sglang", "vllm", "synthetic")
 
 
 def _model(text: str) -> str | None:
@@ -84,9 +84,11 @@ def _model_arguments(g) -> None:
     )
     g.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=tuple(engines()),
         default="hf",
-        help="what runs the forward: HF transformers, SGLang, vLLM, or a synthetic model (default hf)",
+        help="what runs the forward: "
+        + ", ".join(f"{name} ({e.summary})" for name, e in engines().items())
+        + " (default hf; docs/engines.md)",
     )
     g.add_argument(
         "--aux-layer-ids", type=_aux_ids, help="three layer ids, e.g. '1,15,28' (default [1, L//2-1, L-4])"
@@ -228,24 +230,9 @@ def _engine_arguments(g) -> None:
 
 
 def runner_options(args: argparse.Namespace) -> dict:
-    """What the engine's load() takes, the layout included (every engine gets ``parallel``)."""
-    options = dict(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        aux_layer_ids=args.aux_layer_ids,
-        parallel=ParallelLayout.from_args(args),
-    )
-    if args.engine == "synthetic":
-        options.update(forward_delay=args.forward_delay)
-    else:
-        options.update(trust_remote_code=args.trust_remote_code)
-    if args.engine == "vllm":
-        options.update(
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            max_batch_tokens=args.max_batch_tokens,  # vLLM schedules that many tokens in one step
-        )
-    return options
+    """What the engine's loaders take (its table entry's options), the layout included."""
+    names = (*COMMON_OPTIONS, *engine(args.engine).options)
+    return {**{name: getattr(args, name) for name in names}, "parallel": ParallelLayout.from_args(args)}
 
 
 def build_loader(args: argparse.Namespace):
@@ -258,22 +245,26 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be known wrong before the load; raises UsageError."""
     from . import preflight
 
-    if args.engine in preflight.ENGINE_PACKAGES:  # an image-text model: refused before the engine's import
+    spec = engine(args.engine)
+    trust = getattr(args, "trust_remote_code", False)
+    if spec.package is not None:  # an image-text model: refused before the engine's import
         preflight.check_model(args.model)
-        preflight.refuse_image_text(args.engine, args.model, args.trust_remote_code)
+        preflight.refuse_image_text(args.engine, args.model, trust)
     preflight.check_engine(args.engine)
     preflight.check_device(args.device)
     layout = ParallelLayout.from_args(args)
-    if args.engine == "hf" and not layout.single:
-        preflight.refuse_image_text(args.engine, args.model, args.trust_remote_code, split=True)
-    if args.engine == "synthetic":
+    if spec.image_text and not layout.single:
+        preflight.refuse_image_text(args.engine, args.model, trust, split=True)
+    if spec.layers is not None:  # no config to read: the runner's own layer count
         preflight.check_parallel(args.engine, layout)
-        preflight.check_aux_layer_ids(args.aux_layer_ids, 32)  # the synthetic runner's layer count
+        preflight.check_aux_layer_ids(args.aux_layer_ids, spec.layers)
         return
-    if args.engine == "sglang" and args.model is None:
-        raise UsageError("--engine sglang needs --model: the embedded tiny Llama is for the hf engine")
+    if spec.needs_model and args.model is None:
+        raise UsageError(
+            f"--engine {args.engine} needs --model: the embedded tiny Llama is for the hf engine"
+        )
     preflight.check_model(args.model)
-    config = preflight.model_config(args.model, args.trust_remote_code)
+    config = preflight.model_config(args.model, trust)
     preflight.check_parallel(args.engine, layout, config)
     preflight.check_aux_layer_ids(args.aux_layer_ids, config.num_hidden_layers)
 

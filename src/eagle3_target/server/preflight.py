@@ -9,28 +9,27 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from eagle3_target.protocol.engines import PIPELINE, TENSOR, engine, engines
 from eagle3_target.protocol.model_info import default_aux_layer_ids, validate_aux_layer_ids
 
 from .options import UsageError
 from .parallel import ParallelLayout
 
-# engine -> (module it needs, the extra that installs it)
-ENGINE_PACKAGES = {"sglang": ("sglang", "sglang"), "vllm": ("vllm", "vllm")}
 
-
-def check_engine(engine: str) -> None:
-    module, extra = ENGINE_PACKAGES.get(engine, (None, None))
-    if module is not None and importlib.util.find_spec(module) is None:
+def check_engine(name: str) -> None:
+    package = engine(name).package
+    if package is not None and importlib.util.find_spec(package) is None:
         raise UsageError(
-            f"--engine {engine} needs {module}, which is not installed: "
-            f"pip install 'eagle3-target[server,{extra}]' (see docs/{extra}.md)"
+            f"--engine {name} needs {package}, which is not installed: "
+            f"pip install 'eagle3-target[server,{package}]' (see docs/{package}.md)"
         )
 
 
-def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool, split: bool = False) -> None:
-    """Only the hf engine loads image-text checkpoints, on one device: any other engine, or a split replica,
-    refuses one from its config alone."""
-    if (engine == "hf" and not split) or model is None:
+def refuse_image_text(name: str, model: str | None, trust_remote_code: bool, split: bool = False) -> None:
+    """Only an engine whose table entry says image_text loads image-text checkpoints, on one device: any
+    other engine, or a split replica, refuses one from its config alone."""
+    can = engine(name).image_text
+    if (can and not split) or model is None:
         return
     from .runners.hf_vlm import is_image_text, read_config
 
@@ -38,7 +37,7 @@ def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool, s
         config = read_config(model, trust_remote_code)
     except (OSError, ValueError):
         return  # num_hidden_layers() names the unreadable config
-    if is_image_text(config) and engine == "hf":
+    if is_image_text(config) and can:
         raise UsageError(
             f"--model {model} is an image-text model ({config.model_type}); a replica split over ranks "
             "serves text-only targets: drop --tensor-parallel-size, --pipeline-parallel-size and --nnodes"
@@ -46,7 +45,7 @@ def refuse_image_text(engine: str, model: str | None, trust_remote_code: bool, s
     if is_image_text(config):
         raise UsageError(
             f"--model {model} is an image-text model ({config.model_type}); "
-            f"--engine {engine} serves text-only targets: use --engine hf"
+            f"--engine {name} serves text-only targets: use --engine {_with('image_text')}"
         )
 
 
@@ -116,75 +115,74 @@ def check_aux_layer_ids(ids: list[int] | None, layers: int) -> None:
         raise UsageError(f"--aux-layer-ids: {exc}") from None
 
 
-# engine -> what it can split: "tp" tensor parallel, "pp" pipeline parallel, "nodes" a replica over nodes
-CAN_SPLIT = {
-    "hf": {"tp", "pp", "nodes"},  # one of tp or pp at a time
-    "vllm": {"tp", "pp", "nodes"},
-    "sglang": {"tp"},  # GPU only, one node: SGLang's tensor parallel, as NeMo's serve_target --tp-size
-    "synthetic": set(),
-}
+def _with(what: str) -> str:
+    """The engines whose table entry has ``what``, for a refusal's advice."""
+    return " or ".join(name for name, e in engines().items() if getattr(e, what))
 
 
-def check_parallel(engine: str, layout: ParallelLayout, config=None) -> None:
-    """Raise UsageError, one line, for a layout ``engine`` cannot honour or ``config`` cannot be split by."""
+def check_parallel(name: str, layout: ParallelLayout, config=None) -> None:
+    """Raise UsageError, one line, for a layout engine ``name`` cannot honour or ``config`` cannot be split by."""
     if not 0 <= layout.node_rank < layout.nnodes:
         raise UsageError(
             f"--node-rank {layout.node_rank} is outside 0..{layout.nnodes - 1} (--nnodes {layout.nnodes})"
         )
     if layout.single:
         return
-    can = CAN_SPLIT[engine]
-    if not can:
+    spec = engine(name)
+    if not spec.splits:
         raise UsageError(
-            f"--engine {engine} runs one device per replica: drop --tensor-parallel-size, "
-            "--pipeline-parallel-size and --nnodes (use --engine vllm or hf to split a model)"
+            f"--engine {name} runs one device per replica: drop --tensor-parallel-size, "
+            f"--pipeline-parallel-size and --nnodes (use --engine {_with('splits')} to split a model)"
         )
-    if engine == "sglang":
-        _check_sglang(layout)
-    if layout.pipeline_parallel_size > 1 and "pp" not in can:
+    if spec.gpu_only:
+        _check_one_node_gpus(name, layout)
+    if layout.pipeline_parallel_size > 1 and not spec.can(PIPELINE):
         raise UsageError(
-            f"--engine {engine} has no pipeline parallel: use --tensor-parallel-size "
-            f"{layout.world_size} or --engine vllm"
+            f"--engine {name} has no pipeline parallel: use --tensor-parallel-size "
+            f"{layout.world_size} or --engine {_with('both_at_once')}"
         )
-    if engine == "hf" and layout.tensor_parallel_size > 1 and layout.pipeline_parallel_size > 1:
+    if layout.tensor_parallel_size > 1 and not spec.can(TENSOR):
+        raise UsageError(f"--engine {name} has no tensor parallel: use --pipeline-parallel-size")
+    if layout.tensor_parallel_size > 1 and layout.pipeline_parallel_size > 1 and not spec.both_at_once:
         raise UsageError(
-            "--engine hf splits a model one way at a time: give --tensor-parallel-size or "
-            "--pipeline-parallel-size, not both (or use --engine vllm)"
+            f"--engine {name} splits a model one way at a time: give --tensor-parallel-size or "
+            f"--pipeline-parallel-size, not both (or use --engine {_with('both_at_once')})"
         )
-    if layout.nnodes > 1 and "nodes" not in can:
-        raise UsageError(f"--engine {engine} cannot span nodes: drop --nnodes or use --engine vllm")
+    if layout.nnodes > 1 and not spec.nodes:
+        raise UsageError(f"--engine {name} cannot span nodes: drop --nnodes or use --engine {_with('nodes')}")
     if layout.world_size % layout.nnodes:
         raise UsageError(
             f"--nnodes {layout.nnodes} does not divide the replica's {layout.world_size} ranks "
             "(tensor x pipeline parallel size): every node runs the same number of ranks"
         )
     if config is not None:
-        _check_config(engine, layout, config)
+        _check_config(name, layout, config)
 
 
-def _check_sglang(layout: ParallelLayout) -> None:
-    """SGLang splits a replica over the GPUs of one node, by tensor parallel only."""
+def _check_one_node_gpus(name: str, layout: ParallelLayout) -> None:
+    """An engine that splits a replica over the GPUs of one node, by tensor parallel only (sglang)."""
     if layout.pipeline_parallel_size > 1 or layout.nnodes > 1:
         raise UsageError(
-            "--engine sglang splits a replica by --tensor-parallel-size over one node's GPUs: drop "
-            "--pipeline-parallel-size and --nnodes (use --engine vllm for those)"
+            f"--engine {name} splits a replica by --tensor-parallel-size over one node's GPUs: drop "
+            f"--pipeline-parallel-size and --nnodes (use --engine {_with('both_at_once')} for those)"
         )
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < layout.tensor_parallel_size:
+        cpu = " or ".join(n for n, e in engines().items() if e.splits and not e.gpu_only)
         raise UsageError(
-            f"--engine sglang --tensor-parallel-size {layout.tensor_parallel_size} needs as many CUDA GPUs, "
-            f"and this machine has {gpus} (on CPUs use --engine hf or vllm)"
+            f"--engine {name} --tensor-parallel-size {layout.tensor_parallel_size} needs as many CUDA GPUs, "
+            f"and this machine has {gpus} (on CPUs use --engine {cpu})"
         )
 
 
-def _check_config(engine: str, layout: ParallelLayout, config) -> None:
+def _check_config(name: str, layout: ParallelLayout, config) -> None:
     tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     # vLLM copies each KV head to tp / kv_heads ranks when there are fewer KV heads than ranks
-    replicated = engine == "vllm" and tp % kv_heads == 0
+    replicated = engine(name).copies_kv_heads and tp % kv_heads == 0
     if heads and tp > 1 and (heads % tp or (kv_heads % tp and not replicated)):
         raise UsageError(
             f"--tensor-parallel-size {tp} must divide both the model's {heads} attention heads and its "

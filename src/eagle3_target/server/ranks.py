@@ -1,7 +1,7 @@
 """The rank processes of one split replica: start them, join their group, and watch that they all live.
 
 Every node's `serve` process is one rank and starts the node's other ranks itself (``python -m
-eagle3_target.server.ranks``), so no launcher is asked of the user. Rank 0 hosts the rendezvous
+eagle3_target.server.rank_process``), so no launcher is asked of the user. Rank 0 hosts the rendezvous
 store; every other rank adds to a heartbeat counter in it each second. Death is seen three ways:
 rank 0 polls its own children and the counters (a counter that stops for ``STALE_AFTER`` seconds is
 a dead rank); every other rank exits at once when the store stops answering (rank 0 is gone), when
@@ -24,16 +24,16 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from .lifeline import exit_with_parent
 from .parallel import ParallelLayout
 
-log = logging.getLogger("eagle3_target.server.ranks")  # the same name when run as __main__
+log = logging.getLogger(__name__)
 
 BEAT_EVERY = 1.0  # seconds between a rank's heartbeats
 STALE_AFTER = 10.0  # rank 0 calls a rank dead when its heartbeat has not moved for this long
 JOIN_TIMEOUT = datetime.timedelta(seconds=600)  # other nodes may start minutes apart
 # Ranks wait for rank 0's next command for as long as the replica lives: death is the watchdogs' to see.
 IDLE_TIMEOUT = datetime.timedelta(days=365)
+RANK_PROCESS = "eagle3_target.server.rank_process"  # what a started rank runs (python -m)
 
 
 @dataclass(frozen=True)
@@ -124,15 +124,18 @@ def join(layout: ParallelLayout, options: dict, device: str) -> RankGroup:
     addr = layout.master_addr if layout.nnodes > 1 else "127.0.0.1"
     specs = [RankSpec(first + i, layout.world_size, i, addr, port, options) for i in range(per_node)]
     children = [_start(spec) for spec in specs[1:]]
-    return _join(specs[0], children, store, device)
+    return join_rank(specs[0], children, store, device)
 
 
 def _start(spec: RankSpec) -> subprocess.Popen:
     # this process's pid too: the child sees it gone even if it goes while the child imports torch
-    return subprocess.Popen([sys.executable, "-m", __name__, json.dumps(asdict(spec)), str(os.getpid())])
+    command = [sys.executable, "-m", RANK_PROCESS, json.dumps(asdict(spec)), str(os.getpid())]
+    return subprocess.Popen(command)
 
 
-def _join(spec: RankSpec, children, store, device: str) -> RankGroup:
+def join_rank(spec: RankSpec, children, store, device: str) -> RankGroup:
+    """Join the group as ``spec``'s rank (``store``: rank 0's own; None: a client of it), its ``children``
+    watched."""
     os.environ["LOCAL_RANK"] = str(spec.local_rank)  # transformers binds a rank's GPU by it
     store = store or _client(spec, JOIN_TIMEOUT)
     store.add("joined", 1)
@@ -178,22 +181,3 @@ def wait_for_ranks(store: dist.TCPStore, world_size: int, timeout: float, say_ev
 def rank_device(device: str, local_rank: int) -> str:
     """A rank's own device: cuda:<local rank> on GPUs, cpu on CPUs."""
     return f"cuda:{local_rank}" if torch.device(device).type == "cuda" else device
-
-
-def main(argv: list[str]) -> int:
-    """A rank started by a node's `serve`: join, load the same model, follow rank 0 until the replica ends."""
-    exit_with_parent(int(argv[1]))  # from the start: joining may wait minutes for ranks that never come
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec = RankSpec(**json.loads(argv[0]))
-    if spec.options.get("engine") == "sglang":
-        from .runners.sglang_parallel import follow_group
-    else:
-        from .runners.hf_parallel import follow_group
-
-    group = _join(spec, [], None, spec.options.get("device", "cpu"))
-    follow_group(group, spec.options)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,14 @@
-"""Target runners: one frozen model forward behind a small engine-agnostic seam."""
+"""Target runners: one frozen model forward behind a small engine-agnostic seam.
+
+Which module loads an engine's runner is the engine table's to say (protocol/engines/); this is the one
+place that picks between an engine's one-device loader and the loader that leads a split replica.
+"""
+
+from eagle3_target.protocol.engines import engine as engine_entry
+from eagle3_target.protocol.engines import entry
 
 from ..options import UsageError
-from ..parallel import ONE_DEVICE, ParallelLayout
+from ..parallel import ONE_DEVICE
 from .base import HiddenStateRunner, RunnerInfo, TargetRunner, resolve_dtype
 
 __all__ = ["HiddenStateRunner", "RunnerInfo", "TargetRunner", "resolve_dtype", "load_runner", "follow_runner"]
@@ -9,42 +16,28 @@ __all__ = ["HiddenStateRunner", "RunnerInfo", "TargetRunner", "resolve_dtype", "
 
 def load_runner(engine: str, **options) -> TargetRunner:
     """Build the runner for ``engine``; heavy engines are imported only when asked for. ``parallel``
-    (a ParallelLayout) goes to every engine; one that cannot honour it raises UsageError."""
-    if engine == "hf":
-        from .hf import HFRunner
-
-        return HFRunner.load(**options)
-    if engine == "sglang":
-        from .sglang import SGLangRunner
-
-        return SGLangRunner.load(**options)
-    if engine == "vllm":
-        from .vllm import VLLMRunner
-
-        return VLLMRunner.load(**options)
-    if engine == "synthetic":
-        from .synthetic import SyntheticRunner
-
-        _one_device(engine, options.pop("parallel", ONE_DEVICE))
-        return SyntheticRunner(**options)
-    raise ValueError(f"unknown engine {engine!r}; choose hf, sglang, vllm or synthetic")
+    (a ParallelLayout, default one device) picks the loader; a layout the engine cannot honour raises
+    UsageError."""
+    spec = _known(engine)
+    parallel = options.pop("parallel", ONE_DEVICE)
+    if parallel.single:
+        return entry(spec.load)(**options)
+    if spec.load_split is None:
+        raise UsageError(f"--engine {engine} runs one device per replica: drop the parallel flags")
+    return entry(spec.load_split)(parallel=parallel, **options)
 
 
 def follow_runner(engine: str, **options) -> None:
     """A node-rank > 0 process: join the replica node-rank 0 leads and follow its forwards; returns
     when the replica ends (a dead leader ends this process sooner, see ranks.py)."""
-    parallel = options.pop("parallel")
-    if engine == "hf":
-        from . import hf_parallel
-
-        return hf_parallel.follow(options, parallel)
-    if engine == "vllm":
-        from .vllm import VLLMRunner
-
-        return VLLMRunner.follow(parallel=parallel, **options)
-    raise UsageError(f"--engine {engine} cannot span nodes: drop --nnodes or use --engine vllm")
+    spec = _known(engine)
+    if not spec.nodes or spec.follow is None:
+        raise UsageError(f"--engine {engine} cannot span nodes: drop --nnodes")
+    return entry(spec.follow)(**options)
 
 
-def _one_device(engine: str, parallel: ParallelLayout) -> None:
-    if not parallel.single:
-        raise UsageError(f"--engine {engine} runs one device per replica: drop the parallel flags")
+def _known(engine: str):
+    try:
+        return engine_entry(engine)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None

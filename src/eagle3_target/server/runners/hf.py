@@ -20,7 +20,6 @@ from eagle3_target.protocol.features import (
 from eagle3_target.protocol.model_info import defining_config
 
 from ..options import EMBEDDED_MODEL
-from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import (
     Capture,
     Captured,
@@ -30,6 +29,7 @@ from .base import (
     resolve_dtype,
 )
 from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
+from .hooks import Stop, keep, keep_input
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
@@ -71,28 +71,6 @@ def final_norm(model: nn.Module) -> nn.Module | None:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     norm = getattr(decoder, "norm", None)
     return norm if isinstance(getattr(norm, "weight", None), torch.Tensor) else None
-
-
-class _Stop(Exception):
-    """Raised by the last hook a capture needs: the rest of the forward is not computed."""
-
-
-def _keep(captured: dict, key: int, stop: bool):
-    def hook(_module, _args, output):
-        captured[key] = output[0] if isinstance(output, tuple) else output
-        if stop:
-            raise _Stop
-
-    return hook
-
-
-def _keep_input(captured: dict, stop: bool):
-    def hook(_module, args):
-        captured["final"] = args[0]  # the final normed hidden states
-        if stop:
-            raise _Stop
-
-    return hook
 
 
 class HFRunner(FinalHiddenRunner):
@@ -140,15 +118,9 @@ class HFRunner(FinalHiddenRunner):
         device: str = "cpu",
         aux_layer_ids: list[int] | None = None,
         trust_remote_code: bool = False,
-        parallel: ParallelLayout = ONE_DEVICE,
     ) -> HFRunner:
-        """Load from a local directory or hub id; with no model, build the embedded tiny Llama.
-        A layout of more than one rank loads tensor parallel over its ranks (hf_parallel.py)."""
-        if not parallel.single:
-            from . import hf_parallel
-
-            options = dict(model=model, dtype=dtype, device=device, aux_layer_ids=aux_layer_ids)
-            return hf_parallel.load({**options, "trust_remote_code": trust_remote_code}, parallel)
+        """Load from a local directory or hub id, on one device; with no model, build the embedded tiny
+        Llama (a split replica: hf_parallel.load)."""
         torch_dtype = resolve_dtype(dtype, device)
         if model is None:
             from .tiny import build_tiny_llama
@@ -183,18 +155,18 @@ class HFRunner(FinalHiddenRunner):
         captured: dict[object, torch.Tensor] = {}
         last = max(want.layers, default=None) if not (want.final_hidden or want.logits) else None
         hooks = [
-            self._layers[i].register_forward_hook(_keep(captured, i, i == last))
+            self._layers[i].register_forward_hook(keep(captured, i, i == last))
             if i >= 0
-            else embedding_output_point(self.model, _keep(captured, i, i == last))
+            else embedding_output_point(self.model, keep(captured, i, i == last))
             for i in want.layers
         ]
         if want.final_hidden:
-            hooks.append(self._head.register_forward_pre_hook(_keep_input(captured, stop=not want.logits)))
+            hooks.append(self._head.register_forward_pre_hook(keep_input(captured, stop=not want.logits)))
         try:
             output = self.model(
                 input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed, **inputs.images
             )
-        except _Stop:
+        except Stop:
             output = None
         finally:
             for hook in hooks:

@@ -21,8 +21,9 @@ from torch import nn
 from eagle3_target.protocol.features import WEIGHT_FINAL_NORM, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD
 
 from .base import Capture, Captured, ForwardInputs
-from .hf import HFRunner, _keep, _keep_input, _Stop, decoder_layers, final_norm
+from .hf import HFRunner, decoder_layers, final_norm
 from .hf_vlm import embedding_output_point, load_pretrained, modalities
+from .hooks import Stop, keep, keep_input
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class StageRunner(HFRunner):
 
         def enter(_module, args, kwargs):
             if end < first:
-                raise _Stop
+                raise Stop
             if stage.first:
                 return None
             hidden = torch.empty(shape, dtype=self.info.dtype, device=self.device)
@@ -136,7 +137,7 @@ class StageRunner(HFRunner):
                     (output[0] if isinstance(output, tuple) else output).contiguous(), dst=stage.rank + 1
                 )
             if not to_end:
-                raise _Stop
+                raise Stop
 
         hooks = [self._layers[first].register_forward_pre_hook(enter, with_kwargs=True)]
         if stop_at >= first:
@@ -161,17 +162,17 @@ class StageRunner(HFRunner):
         to_end = self.stage.last and (want.final_hidden or want.logits)
         mine = [i for i in want.layers if self.stage.owner(i) == self.stage.rank]
         hooks = [
-            self._layers[i].register_forward_hook(_keep(captured, i, stop=False))
+            self._layers[i].register_forward_hook(keep(captured, i, stop=False))
             if i >= 0
-            else embedding_output_point(self.model, _keep(captured, i, stop=False))
+            else embedding_output_point(self.model, keep(captured, i, stop=False))
             for i in mine
         ]  # before the boundary hooks, whose stop would skip them
         hooks += self._boundary_hooks(end, (*inputs.input_ids.shape, self.info.hidden_size), to_end)
         if to_end and want.final_hidden:
-            hooks.append(self._head.register_forward_pre_hook(_keep_input(captured, stop=not want.logits)))
+            hooks.append(self._head.register_forward_pre_hook(keep_input(captured, stop=not want.logits)))
         try:
             return self.model(input_ids=inputs.input_ids, attention_mask=mask, use_cache=False, **packed)
-        except _Stop:
+        except Stop:
             return None
         finally:
             for hook in hooks:

@@ -22,7 +22,6 @@ from eagle3_target.protocol.features import CAN_DRAFT_PROBS, CAN_LAYERS, CAN_LOG
 from eagle3_target.protocol.model_info import defining_config
 
 from ..errors import InvalidInput, TooLarge
-from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import Capture, Captured, ForwardInputs, RunnerInfo, refuse_packing, resolve_dtype
 from .rows import row_lengths, stack_rows
 from .sglang_setup import build_model_runner, build_server_args, import_sglang
@@ -143,6 +142,29 @@ def embedding_weight(model: nn.Module) -> torch.Tensor:
     return model.model.embed_tokens.weight
 
 
+# What a load takes, and its defaults
+LOAD_DEFAULTS = dict(
+    model=None,
+    dtype="auto",
+    device="cuda",
+    aux_layer_ids=None,
+    trust_remote_code=False,
+    mem_fraction_static=0.5,
+)
+
+
+def checked_options(options: dict) -> dict:
+    """The load options with LOAD_DEFAULTS, once SGLang, a GPU and a model are known to be there."""
+    unknown = set(options) - set(LOAD_DEFAULTS)
+    if unknown:
+        raise TypeError(f"the sglang engine takes no {', '.join(sorted(unknown))}")
+    options = {**LOAD_DEFAULTS, **options}
+    check_requirements(options["device"])
+    if options["model"] is None:
+        raise ValueError("the sglang engine needs --model (a local directory or hub id)")
+    return options
+
+
 class SGLangRunner:
     def __init__(self, sgl, model_runner, *, name: str, aux_layer_ids: list[int] | None, dtype: torch.dtype):
         self.sgl = sgl
@@ -166,33 +188,9 @@ class SGLangRunner:
         install_head(sgl, model, self.info.aux_layer_ids, self.info.num_hidden_layers)
 
     @classmethod
-    def load(
-        cls,
-        model: str | None = None,
-        *,
-        dtype: str = "auto",
-        device: str = "cuda",
-        aux_layer_ids: list[int] | None = None,
-        trust_remote_code: bool = False,
-        mem_fraction_static: float = 0.5,
-        parallel: ParallelLayout = ONE_DEVICE,
-    ) -> SGLangRunner:
-        check_requirements(device)
-        if model is None:
-            raise ValueError("the sglang engine needs --model (a local directory or hub id)")
-        options = dict(
-            model=model,
-            dtype=dtype,
-            device=device,
-            aux_layer_ids=aux_layer_ids,
-            trust_remote_code=trust_remote_code,
-            mem_fraction_static=mem_fraction_static,
-        )
-        if not parallel.single:
-            from .sglang_parallel import load as load_split
-
-            return load_split(options, parallel)
-        return cls.build(**options)
+    def load(cls, model: str | None = None, **options) -> SGLangRunner:
+        """One GPU's runner (a split replica: sglang_parallel.load); ``options`` as LOAD_DEFAULTS."""
+        return cls.build(**checked_options({"model": model, **options}))
 
     @classmethod
     def build(cls, *, model: str, dtype: str, device: str, tp_rank: int = 0, tp_size: int = 1, **options):

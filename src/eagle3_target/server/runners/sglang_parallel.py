@@ -17,7 +17,8 @@ import torch
 from ..parallel import ParallelLayout
 from ..ranks import RankGroup, join, rank_device
 from .base import Captured, ForwardInputs
-from .hf_parallel import LeadingRunner, follow_calls
+from .leading import LeadingRunner, follow_calls
+from .sglang import SGLangRunner, checked_options
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +47,17 @@ class SGLangParallelRunner(LeadingRunner):
         return self._everywhere("input_embeddings")
 
 
-def load(options: dict, layout: ParallelLayout) -> SGLangParallelRunner:
+def load(*, parallel: ParallelLayout, **options) -> SGLangParallelRunner:
     """Rank 0: start this node's other ranks, build this rank's ModelRunner, and lead."""
-    from .sglang import SGLangRunner
-
-    options = {**options, "engine": "sglang"}  # what ranks.py's rank processes follow with
-    group = join(layout, options, "cuda")
+    options = checked_options(options)
+    options["engine"] = "sglang"  # what the rank processes follow with (rank_process.py)
+    group = join(parallel, options, "cuda")
     inner = SGLangRunner.build(**rank_options(options, group))
-    log.info("rank 0 of %d leads the sglang replica (tensor parallel)", layout.world_size)
-    return SGLangParallelRunner(inner, group, layout)
+    log.info("rank 0 of %d leads the sglang replica (tensor parallel)", parallel.world_size)
+    return SGLangParallelRunner(inner, group, parallel)
 
 
 def follow_group(group: RankGroup, options: dict) -> None:
     """A rank other than 0: build this rank's ModelRunner and run every call rank 0 broadcasts."""
-    from .sglang import SGLangRunner
-
     load = rank_options(options, group)
     follow_calls(group, SGLangRunner.build(**load), load["device"])
