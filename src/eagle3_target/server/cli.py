@@ -14,7 +14,8 @@ from pathlib import Path
 
 from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.contract import DEFAULT_PORT, PRIORITIES
-from eagle3_target.protocol.engines import COMMON_OPTIONS, engine, engines
+from eagle3_target.protocol.engine_spec import COMMON_OPTIONS
+from eagle3_target.protocol.engines import engine, engines
 
 from .options import (
     DEFAULT_DRAIN_TIMEOUT,

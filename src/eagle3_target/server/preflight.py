@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from eagle3_target.protocol.engines import PIPELINE, TENSOR, engine, engines
+from eagle3_target.protocol.engine_spec import PIPELINE, TENSOR
+from eagle3_target.protocol.engines import engine, engines
 from eagle3_target.protocol.model_info import default_aux_layer_ids, validate_aux_layer_ids
 
 from .options import UsageError

@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 
-from eagle3_target.protocol.engines import engine, entry
+from eagle3_target.protocol.engine_spec import entry
+from eagle3_target.protocol.engines import engine
 
 from .lifeline import exit_with_parent
 from .ranks import RankSpec, join_rank

@@ -1,7 +1,7 @@
 """HF transformers: any causal LM, or an image-text model on one device (server/runners/hf.py); split by
 transformers' own tensor parallel plan or into pipeline stages, one way at a time, over one node or several."""
 
-from . import PIPELINE, TENSOR, Engine
+from ..engine_spec import PIPELINE, TENSOR, Engine
 
 ENGINE = Engine(
     name="hf",

@@ -1,7 +1,7 @@
 """SGLang (server/runners/sglang.py, docs/sglang.md): GPU only; tensor parallel over one node's GPUs, as NeMo's
 serve_target --tp-size."""
 
-from . import TENSOR, Engine
+from ..engine_spec import TENSOR, Engine
 
 ENGINE = Engine(
     name="sglang",

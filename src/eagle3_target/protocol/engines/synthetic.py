@@ -1,7 +1,7 @@
 """A model-free stand-in with deterministic outputs (server/runners/synthetic.py), for benches and tests: one
 device, no config to read, not deployed by the operator."""
 
-from . import Engine
+from ..engine_spec import Engine
 
 ENGINE = Engine(
     name="synthetic",

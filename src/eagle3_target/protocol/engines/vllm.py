@@ -1,7 +1,7 @@
 """vLLM (server/runners/vllm.py, docs/vllm.md): its own executor splits a replica, tensor and pipeline parallel
 at once, over one node or several."""
 
-from . import PIPELINE, TENSOR, Engine
+from ..engine_spec import PIPELINE, TENSOR, Engine
 
 ENGINE = Engine(
     name="vllm",

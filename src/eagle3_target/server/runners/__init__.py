@@ -4,8 +4,8 @@ Which module loads an engine's runner is the engine table's to say (protocol/eng
 place that picks between an engine's one-device loader and the loader that leads a split replica.
 """
 
+from eagle3_target.protocol.engine_spec import entry
 from eagle3_target.protocol.engines import engine as engine_entry
-from eagle3_target.protocol.engines import entry
 
 from ..options import UsageError
 from ..parallel import ONE_DEVICE
