@@ -23,7 +23,7 @@ pytestmark = [
 
 
 def test_sglang_tensor_parallel_2_answers_as_one_gpu_does(tmp_path):
-    from eagle3_target.server.runners.sglang import SGLangRunner
+    from eagle3_target.server.runners import load_runner
 
     # head_dim 64 and 4 heads: kernels for every backend, and heads both ranks can share
     build_tiny_llama(seed=1, hidden_size=256, intermediate_size=512).save_pretrained(tmp_path)
@@ -33,8 +33,12 @@ def test_sglang_tensor_parallel_2_answers_as_one_gpu_does(tmp_path):
     h_logits, h_aux = (t.cpu().float() for t in hf.forward(ids.cuda(), mask.cuda()))
     h_embed = hf.input_embeddings().cpu()
     hf.close()
-    split = SGLangRunner.load(
-        str(tmp_path), dtype="bfloat16", device="cuda", parallel=ParallelLayout(tensor_parallel_size=2)
+    split = load_runner(
+        "sglang",
+        model=str(tmp_path),
+        dtype="bfloat16",
+        device="cuda",
+        parallel=ParallelLayout(tensor_parallel_size=2),
     )
     try:
         assert split.info.parallel["tensor_parallel_size"] == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 from eagle3_target.protocol.engine_spec import PIPELINE, TENSOR, Engine
 from eagle3_target.protocol.engines import engines
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "engines.md"
 # The worked example: a path in backquotes and a colon, then the file's complete text in a python block.
 EXAMPLE_FILE = re.compile(r"^`(src/eagle3_target/[\w/]+\.py)`:\n\n```python\n(.*?)```", re.S | re.M)
 
