@@ -6,7 +6,7 @@ break at most one group."""
 
 from __future__ import annotations
 
-from eagle3_target.protocol.engines import engine
+from eagle3_target.protocol.engines import engines
 
 from . import GROUP
 from .placement import HOST_KEY
@@ -26,7 +26,8 @@ def spans_nodes(spec: TargetSpec) -> bool:
 def both_at_once(spec: TargetSpec) -> bool:
     """Whether the engine combines tensor parallel within a node with pipeline parallel across nodes (vllm);
     hf splits a replica one way at a time (the engine table says which)."""
-    return engine(spec.engine).both_at_once
+    known = engines().get(spec.engine)  # an unknown engine is the spec's problems() to report
+    return known is not None and known.both_at_once
 
 
 def member_name(group: str, rank: int) -> str:
