@@ -21,7 +21,6 @@ from eagle3_target.server.runners.hf import HFRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIED = ("src", "tests", "manifests", "charts", "pyproject.toml")
-AFTER = ("tests/operator", "tests/server/test_cli.py")  # the tests that must still pass in the copy
 
 
 def test_the_docs_table_is_the_engine_table():
@@ -46,9 +45,15 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
+def in_project(project: Path, *tests: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_example_engine_serves_and_the_operator_and_cli_tests_pass(project, monkeypatch):
+def test_the_example_engine_serves_and_the_operator_tests_pass(project, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(project / "src"))  # the server runs the copy's code
     server = TargetProcess("127.0.0.1", "--engine", "toy", "--device", "cpu").wait_ready(timeout=240)
     ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -59,13 +64,13 @@ def test_the_example_engine_serves_and_the_operator_and_cli_tests_pass(project, 
         server.kill()
     _, aux = HFRunner.load().forward(ids, torch.ones_like(ids))  # the same embedded tiny Llama, hf's hooks
     assert torch.equal(reply["aux_hidden_states"], aux)
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *AFTER],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
+    tests = in_project(project, "tests/operator", timeout=840)
+    assert tests.returncode == 0, tests.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_the_serve_command_tests_pass_with_the_example_engine(project):
+    """`serve`'s own tests, a real process each: minutes on a loaded machine."""
+    tests = in_project(project, "tests/server/test_cli.py", timeout=2340)
     assert tests.returncode == 0, tests.stdout[-3000:]
