@@ -20,7 +20,7 @@ from eagle3_target.protocol import wire
 from eagle3_target.server.runners.hf import HFRunner
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIED = ("src", "tests", "manifests", "charts", "pyproject.toml")
+COPIED = ("src", "tests", "manifests", "charts", "docs", "examples", "README.md", "pyproject.toml")
 
 
 def test_the_docs_table_is_the_engine_table():
