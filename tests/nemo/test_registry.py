@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 from eagle3_target.client.nemo import registry
@@ -173,3 +174,19 @@ def test_the_dflash_family_asks_for_unshifted_layers_and_jetspec_for_full_logits
         assert features.layers == (1, 4, 7) and not features.shift and not features.final_hidden
         assert features.logits == (LOGITS_FULL if name == "TrainJetSpecRecipe" else LOGITS_NONE)
         assert found.request.weights == ("input_embeddings", "lm_head")
+
+
+def test_no_importlib_load_of_the_families_runs_back_to_its_loader():
+    """registry.py loads the declarations and loading.py the adapters through importlib: no static chain
+    runs from what either loads back to it, so neither load closes a circle."""
+    graph = grimp.build_graph("eagle3_target")
+    nemo = "eagle3_target.client.nemo"
+    declarations = [f"{nemo}.families.{name}" for name in registry.families()]
+    adapters = [f"{nemo}.{name}" for name in registry.families()]
+    for declared in declarations:
+        assert not graph.chain_exists(importer=declared, imported=f"{nemo}.registry"), declared
+        for adapter in adapters:
+            assert not graph.chain_exists(importer=declared, imported=adapter), (declared, adapter)
+    for adapter in adapters:
+        assert not graph.chain_exists(importer=adapter, imported=f"{nemo}.loading"), adapter
+    assert not graph.chain_exists(importer=f"{nemo}.registry", imported=f"{nemo}.fleet_recipe")
