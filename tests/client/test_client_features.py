@@ -126,10 +126,10 @@ def test_every_family_request_is_served_by_the_synthetic_runner(farm):
         features = found.request.ask([1, 15, 28], 32)
         if (
             features.image_mask
-        ):  # an image-text target's; a text server refuses it (test_vlm_serving serves it)
-            with pytest.raises(FeatureError, match="cannot capture image_mask"):
-                with RemoteTargetBackend(url, options=FAST, features=features) as backend:
-                    backend.capture(BatchInputs(ids, mask, loss))
+        ):  # an image-text target's: a text server refuses it (test_vlm_serving serves it)
+            refused = pytest.raises(FeatureError, match="cannot capture image_mask")
+            with refused, RemoteTargetBackend(url, options=FAST, features=features) as backend:
+                backend.capture(BatchInputs(ids, mask, loss))
             continue
         with RemoteTargetBackend(url, options=FAST, features=features) as backend:
             if features.logits == LOGITS_DRAFT_PROBS:  # EAGLE-3's supervision is over the draft vocabulary
