@@ -88,6 +88,9 @@ NEMO_RECIPES = {
 }
 
 
+@pytest.mark.timeout(
+    600
+)  # a fresh interpreter importing one NeMo recipe: a minute or more on a loaded machine
 def test_a_family_imports_its_own_adapter_and_nemo_recipe_only_when_it_runs():
     env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
     proc = subprocess.run(
