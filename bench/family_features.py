@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from aiohttp import web
 
+from eagle3_target.client.nemo import registry
 from eagle3_target.protocol import capture, wire
-from eagle3_target.protocol.families import families
+from eagle3_target.protocol.families import Family
 from eagle3_target.protocol.features import CAN_IMAGE_MASK, LOGITS_DRAFT_PROBS, Features
 from eagle3_target.server.runners.base import Capture, ForwardInputs
 from eagle3_target.server.runners.hf import HFRunner
@@ -67,6 +68,11 @@ DEFAULT_REAL = REAL["dflash"]
 # DSpark with multimodal: true takes MiniMax M3 VL targets only; its request is text DSpark's.
 ON_VLM = {"dspark_vlm": ("dspark", "MiniMax-M3-VL", MINIMAX_M3_VL, [1, 16, 30, 44, 59])}  # (60, 5)
 SMALL_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8)
+
+
+def families() -> dict[str, Family]:
+    """Every family's request, by name: the registry's (client/nemo/registry.py), entry points' included."""
+    return {name: found.request for name, found in registry.families().items()}
 
 
 def reply_bytes(features: Features, batch: int, seq: int, shape: dict, dtype=torch.bfloat16) -> int:

@@ -50,11 +50,11 @@ from pathlib import Path
 
 MISSING = []
 try:
-    import aiohttp
     import gpu_features  # beside this script: the feature-request checks
+    import gpu_wire  # beside this script: the server over the wire and in the service
     import prometheus_client  # noqa: F401  (the server's metrics)
     import torch
-    from aiohttp import web
+    from gpu_features import synchronize
     from transformers import LlamaConfig, LlamaForCausalLM
 except ImportError as exc:  # say what this image lacks in one line, before any work
     MISSING.append(exc.name)
@@ -79,9 +79,6 @@ SMALL = dict(
     max_position_embeddings=256,
     tie_word_embeddings=False,
 )
-ENCODINGS = ("nemo", "logits", "hidden")
-PHASES = ("decode", "forward", "projection", "copy", "encode")  # the server's compute, from Server-Timing
-COPY_MODES = {"copy_in_turn": False, "copy_overlapped": True}  # ServerOptions.overlap_host_copy
 
 
 def build_model(args: argparse.Namespace, dtype) -> LlamaForCausalLM:
@@ -90,11 +87,6 @@ def build_model(args: argparse.Namespace, dtype) -> LlamaForCausalLM:
     with torch.device(args.device):
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def bare_forward_seconds(runner, input_ids, attention_mask, repeats: int) -> list[float]:
@@ -106,129 +98,6 @@ def bare_forward_seconds(runner, input_ids, attention_mask, repeats: int) -> lis
         synchronize(runner.info.device)
         times.append(time.perf_counter() - start)
     return times[1:]
-
-
-async def start_server(runner, tokens: int):
-    from eagle3_target.server.app import ServerOptions, TargetServer
-
-    server = TargetServer(lambda: runner, ServerOptions(max_batch_tokens=max(8192, tokens)))
-    app_runner = web.AppRunner(server.app(), access_log=None)
-    await app_runner.setup()
-    site = web.TCPSite(app_runner, "127.0.0.1", 0)
-    await site.start()
-    return app_runner, f"http://127.0.0.1:{app_runner.addresses[0][1]}", server.service
-
-
-async def service_two_in_flight(service, inputs: dict, vocab: dict, repeats: int) -> dict:
-    """Per encoding and copy mode: seconds per batch with two requests always in the service (no wire)."""
-    import dataclasses
-
-    from eagle3_target.protocol import wire
-    from eagle3_target.server.pipeline import GenerateRequest
-
-    request, options = wire.encode(inputs), service.pipeline.options
-    await service.clients.set_vocab_mapping("gpu-check", bytearray(wire.encode(vocab)))
-
-    async def lane(name: str, count: int) -> None:
-        for _ in range(count):
-            async with service.pipeline.generate(GenerateRequest("gpu-check", bytearray(request), name)):
-                pass  # the reply is in host memory, ready to send
-
-    results = {}
-    try:
-        for name in ENCODINGS:
-            for mode, overlap in COPY_MODES.items():
-                service.pipeline.options = dataclasses.replace(options, overlap_host_copy=overlap)
-                await asyncio.gather(lane(name, 1), lane(name, 1))  # warm-up
-                count = max(2, 2 * repeats)  # the last reply's copy overlaps nothing: make it a small share
-                start = time.perf_counter()
-                await asyncio.gather(lane(name, count), lane(name, count))
-                results.setdefault(name, {})[mode] = (time.perf_counter() - start) / (2 * count)
-    finally:
-        service.pipeline.options = options
-    return results
-
-
-async def over_the_wire(url: str, runner, inputs: dict, vocab: dict, repeats: int) -> dict:
-    """Per encoding: reply bytes, server compute phases, round trip into supervision on the device."""
-    from eagle3_target.client.body import read_tensors
-    from eagle3_target.client.connection import parse_server_timing
-    from eagle3_target.protocol import contract, encodings, wire
-
-    device = runner.info.device
-    request = wire.encode(inputs)
-    results, supervision = {}, {}
-    async with aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=600)) as http:
-        while True:
-            async with http.get(f"{url}/health") as resp:
-                if resp.status == 200:
-                    break
-            await asyncio.sleep(0.2)
-        async with http.post(f"{url}/set_vocab_mapping", data=wire.encode(vocab)) as resp:
-            assert resp.status == 200, await resp.text()
-        async with http.post(f"{url}/lm_head") as resp:
-            # our own server on loopback: its Content-Length is the read's limit
-            head_rows = (await read_tensors(resp, resp.content_length))["weight"].to(device)
-        for name in ENCODINGS:
-            rounds, compute, peaks = [], [], []
-            for _ in range(repeats + 1):
-                if device.startswith("cuda"):
-                    torch.cuda.reset_peak_memory_stats()
-                start = time.perf_counter()
-                async with http.post(
-                    f"{url}/generate", data=request, headers={contract.ENCODING_HEADER: name}
-                ) as resp:
-                    assert resp.status == 200, await resp.text()
-                    tensors = await read_tensors(
-                        resp, resp.content_length, pin_memory=device.startswith("cuda")
-                    )
-                    timing = parse_server_timing(resp.headers["Server-Timing"])
-                on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
-                ids, loss = (inputs[k].to(device) for k in ("input_ids", "loss_mask"))
-                out = encodings.decode(name, on_device, ids, loss, head_rows)
-                synchronize(device)
-                rounds.append(time.perf_counter() - start)
-                compute.append({p: timing.get(p, 0.0) for p in PHASES})
-                if device.startswith("cuda"):
-                    peaks.append(torch.cuda.max_memory_allocated())
-            nbytes = int(resp.content_length)
-            phases = {p: statistics.median(c[p] for c in compute[1:]) for p in PHASES}
-            results[name] = dict(
-                bytes=nbytes,
-                round_trip_s=statistics.median(rounds[1:]),
-                server_compute_s=statistics.median(sum(c.values()) for c in compute[1:]),
-                server_phases_s=phases,
-                peak_gpu_bytes=max(peaks) if peaks else None,
-                two_in_flight_s=await two_in_flight(http, url, request, name, repeats),
-            )
-            supervision[name] = {k: v.float().cpu() for k, v in out.items()}
-        results["features"] = await gpu_features.round_trips(http, url, request, runner, repeats, PHASES)
-    return results, supervision
-
-
-async def two_in_flight(
-    http: aiohttp.ClientSession, url: str, request: bytes, name: str, repeats: int
-) -> float:
-    """Seconds per batch with two requests always in flight (each reply read into tensors)."""
-    from eagle3_target.client.body import read_tensors
-    from eagle3_target.protocol import contract
-
-    async def one() -> None:
-        async with http.post(
-            f"{url}/generate", data=request, headers={contract.ENCODING_HEADER: name}
-        ) as resp:
-            assert resp.status == 200, await resp.text()
-            await read_tensors(resp, resp.content_length)
-
-    async def lane(count: int) -> None:
-        for _ in range(count):
-            await one()
-
-    await asyncio.gather(lane(1), lane(1))  # warm-up
-    count = max(2, repeats)
-    start = time.perf_counter()
-    await asyncio.gather(lane(count), lane(count))
-    return (time.perf_counter() - start) / (2 * count)
 
 
 def host_copy_gbps(nbytes: int, device: str) -> dict | None:
@@ -281,6 +150,23 @@ def draft_vocab(vocab_size: int, size: int) -> dict:
     return {"selected_token_ids": ids, "selected_token_mask": mask}
 
 
+def encoding_rows(wire_results: dict, in_service: dict, bare: float, tokens: int) -> dict:
+    """Each encoding's measures as rates and as overheads over the bare forward."""
+    return {
+        name: {
+            **r,
+            "bytes_per_token": r["bytes"] / tokens,
+            "tokens_per_s": tokens / r["round_trip_s"],
+            "overhead": r["server_compute_s"] / bare - 1,
+            "two_in_flight_tokens_per_s": tokens / r["two_in_flight_s"],
+            "two_in_flight_overhead": r["two_in_flight_s"] / bare - 1,
+            "service_two_in_flight_s": in_service[name],
+            "service_two_in_flight_overhead": {m: t / bare - 1 for m, t in in_service[name].items()},
+        }
+        for name, r in wire_results.items()
+    }
+
+
 async def check(args: argparse.Namespace) -> dict:
     from eagle3_target.server.runners.hf import HFRunner
 
@@ -297,13 +183,13 @@ async def check(args: argparse.Namespace) -> dict:
     bare = statistics.median(bare_forward_seconds(runner, ids_dev, mask_dev, args.repeats))
     bare_dflash = gpu_features.bare_capture_seconds(runner, ids_dev, mask_dev, args.repeats)
     compact = gpu_features.compact_logits(runner, ids_dev[:1], mask_dev[:1])
-    app_runner, url, service = await start_server(runner, args.batch * args.seq)
+    app_runner, url, service = await gpu_wire.start_server(runner, args.batch * args.seq)
     try:
         # The trainer's side gets a thread and an event loop of its own, as a trainer process would:
         # the server's sends and the client's receives then overlap (socket calls release the GIL).
-        trainer = over_the_wire(url, runner, inputs, vocab, args.repeats)
+        trainer = gpu_wire.over_the_wire(url, runner, inputs, vocab, args.repeats)
         wire_results, supervision = await asyncio.to_thread(asyncio.run, trainer)
-        in_service = await service_two_in_flight(service, inputs, vocab, args.repeats)
+        in_service = await gpu_wire.service_two_in_flight(service, inputs, vocab, args.repeats)
     finally:
         await app_runner.cleanup()
     runner.close()  # its hooks go; the float32 reference reuses the same modules
@@ -318,19 +204,7 @@ async def check(args: argparse.Namespace) -> dict:
         bare_forward=dict(seconds=bare, tokens_per_s=tokens / bare),
         server_overhead=wire_results["nemo"]["server_compute_s"] / bare - 1,
         host_copy_gbps=host_copy_gbps(wire_results["nemo"]["bytes"], args.device),
-        encodings={
-            name: {
-                **r,
-                "bytes_per_token": r["bytes"] / tokens,
-                "tokens_per_s": tokens / r["round_trip_s"],
-                "overhead": r["server_compute_s"] / bare - 1,
-                "two_in_flight_tokens_per_s": tokens / r["two_in_flight_s"],
-                "two_in_flight_overhead": r["two_in_flight_s"] / bare - 1,
-                "service_two_in_flight_s": in_service[name],
-                "service_two_in_flight_overhead": {m: t / bare - 1 for m, t in in_service[name].items()},
-            }
-            for name, r in wire_results.items()
-        },
+        encodings=encoding_rows(wire_results, in_service, bare, tokens),
         logits_vs_nemo_max_abs=max(float((supervision["logits"][k] - nemo[k]).abs().max()) for k in nemo),
         hidden_vs_nemo_target_probs_max_abs=float(
             (supervision["hidden"]["target_probs"] - nemo["target_probs"]).abs().max()

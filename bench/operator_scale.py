@@ -133,6 +133,46 @@ def last_pod_ready(kubectl: Cli, namespace: str) -> dict[str, float]:
     return last
 
 
+def install_manifests(kubectl: Cli) -> None:
+    """The CRD, the namespace and RBAC, and flow schemas that keep the operator's requests apart."""
+    kubectl("apply", "--server-side", "-f", str(REPO / "manifests" / "crd.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/eagle3targets.eagle3.dev")
+    kubectl(
+        "apply",
+        "-f",
+        str(REPO / "manifests" / "namespace.yaml"),
+        "-f",
+        str(REPO / "manifests" / "rbac.yaml"),
+    )
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(flow_schemas("eagle3-system", "eagle3-target-operator")),
+    )
+
+
+def target_docs(args: argparse.Namespace) -> list[dict]:
+    """``--targets`` Eagle3Targets on the hollow nodes."""
+    spec = {
+        "model": "m",
+        "image": "example.test/server:1",
+        "replicas": args.replicas,
+        "gpusPerReplica": args.gpus,
+        "nodeSelector": {"eagle3.dev/hollow": "true"},
+    }
+    docs = [
+        {
+            "apiVersion": "eagle3.dev/v1alpha1",
+            "kind": "Eagle3Target",
+            "metadata": {"name": f"t{i}", "namespace": "fleet"},
+            "spec": spec,
+        }
+        for i in range(args.targets)
+    ]
+    return docs
+
+
 def run(args: argparse.Namespace, workdir: Path) -> None:
     assets = Path(os.environ["KUBEBUILDER_ASSETS"])
     plane = ControlPlane(assets, workdir / "control-plane")
@@ -143,21 +183,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     )
     nodes = None
     try:
-        kubectl("apply", "--server-side", "-f", str(REPO / "manifests" / "crd.yaml"))
-        kubectl("wait", "--for=condition=Established", "crd/eagle3targets.eagle3.dev")
-        kubectl(
-            "apply",
-            "-f",
-            str(REPO / "manifests" / "namespace.yaml"),
-            "-f",
-            str(REPO / "manifests" / "rbac.yaml"),
-        )
-        kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=yaml.safe_dump_all(flow_schemas("eagle3-system", "eagle3-target-operator")),
-        )
+        install_manifests(kubectl)
         nodes = start_hollow_nodes(plane, kubectl, assets, workdir / "hollow", args.nodes)
         operator = start_operator(
             plane,
@@ -169,24 +195,8 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         )
         kubectl("create", "namespace", "fleet")
         time.sleep(5)  # the operator's startup listings stay out of the ramp
-        spec = {
-            "model": "m",
-            "image": "example.test/server:1",
-            "replicas": args.replicas,
-            "gpusPerReplica": args.gpus,
-            "nodeSelector": {"eagle3.dev/hollow": "true"},
-        }
-        docs = [
-            {
-                "apiVersion": "eagle3.dev/v1alpha1",
-                "kind": "Eagle3Target",
-                "metadata": {"name": f"t{i}", "namespace": "fleet"},
-                "spec": spec,
-            }
-            for i in range(args.targets)
-        ]
         start, counted = time.time(), dispatched(kubectl)
-        kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(docs))
+        kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(target_docs(args)))
         while (
             len(targets := ready_at(kubectl.json("-n", "fleet", "get", "eagle3targets")["items"]))
             < args.targets

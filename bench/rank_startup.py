@@ -58,6 +58,7 @@ def write_target(root: Path, family: str, vocab: int, hidden: int) -> None:
     shutil.copytree(root / "model", root / "trainer", ignore=shutil.ignore_patterns("*.safetensors"))
 
 
+# recipe_args for the families measured here (a family in the registry, its first recipe trained)
 FAMILY_ARGS = {
     "eagle3": {"ttt_steps": 2, "draft_vocab_size": 256},
     "dspark": {
@@ -99,7 +100,7 @@ def worker(config: str, family: str, per_rank_fetch: bool) -> None:
     from nemo_automodel.components.config._arg_parser import parse_args_and_load_config
 
     from eagle3_target.client import nemo
-    from eagle3_target.client.nemo import backend, fleet_target, ranks
+    from eagle3_target.client.nemo import backend, fleet_target, ranks, registry
 
     if per_rank_fetch:  # EAGLE-3's embeddings (backend.py); every other family's weights (ranks.py)
         backend.fetched_once = ranks.fetched_once = lambda fetch, device=None: fetch()
@@ -118,7 +119,7 @@ def worker(config: str, family: str, per_rank_fetch: bool) -> None:
             fetching["seconds"] = time.perf_counter() - start
 
     setattr(owner, name, timed)
-    recipe_class = nemo.TrainEagle3Recipe if family == "eagle3" else nemo.TrainDSparkRecipe
+    recipe_class = nemo.recipe_class(registry.families()[family].recipes[0])
     recipe = recipe_class(parse_args_and_load_config(argv=["--config", config]))
     start = time.perf_counter()
     recipe.setup()
@@ -156,7 +157,9 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, args.family, args.per_rank_fetch)
-    weights = 1 if args.family == "eagle3" else 2  # the embeddings; DSpark also the lm_head
+    from eagle3_target.client.nemo.registry import families
+
+    weights = len(families()[args.family].request.weights)  # the embeddings; DSpark also the lm_head
     megabytes = weights * args.vocab * args.hidden * 4 / 1e6
     print(
         f"{args.family}: {weights} target weight(s) {args.vocab} x {args.hidden} float32 = {megabytes:.0f} MB; "

@@ -44,7 +44,7 @@ MODELS = [
         dict(H=7168, L=61, V=163840, heads=64, kv=64, q_lora=1536, kv_lora=512, nope=128, rope=64, v_hd=128,
              inter=18432, dense_layers=1, experts=384, shared=1, moe_inter=2048),
     ),
-]  # fmt: skip
+]  # fmt: skip # why: one checkpoint's config fields on two lines, as its config.json groups them
 
 
 def attention(c: dict) -> int:

@@ -24,7 +24,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "examples" / "nemo")]
-from family_features import through_server  # noqa: E402  (the sibling bench)
+from family_features import ON_VLM, families, image_text, through_server  # noqa: E402  (the sibling bench)
 from make_vlm_data import TEXT, VISION, vocabulary  # noqa: E402  (the example's tiny target)
 from transformers import (  # noqa: E402
     MiniMaxM3SparseForConditionalGeneration,
@@ -33,7 +33,6 @@ from transformers import (  # noqa: E402
     Qwen2_5_VLForConditionalGeneration,
 )
 
-from eagle3_target.protocol.families import families  # noqa: E402
 from eagle3_target.server.runners.hf import HFRunner  # noqa: E402
 
 BENCH_TEXT = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_attention_heads=8)
@@ -127,11 +126,15 @@ def main() -> None:
     marks = (config.vision_start_token_id, config.image_token_id, config.vision_end_token_id)
     batch, images = image_batch(marks, rows, seq)
     layers = model.config.text_config.num_hidden_layers
-    stage2 = families()["vispec"]  # stage 1 trains on text: its requests carry no images
-    asks = {"vispec": stage2.ask([], layers), "vispec compact": stage2.compact([], layers)}
+    asks = {}
+    for name, family in families().items():  # each whose request carries images: ViSpec's stage 2
+        if image_text(family):
+            asks[name] = family.ask([], layers)
+            if family.compact is not None:
+                asks[f"{name} compact"] = family.compact([], layers)
     served = through_server(HFRunner(model, name="bench-vlm"), asks, batch, args.repeats, images=images)
     minimax = build_minimax(args.small)
-    dspark = {"dspark_vlm": families()["dspark"].ask(DSPARK_LAYERS, layers)}
+    dspark = {label: families()[name].ask(DSPARK_LAYERS, layers) for label, (name, *_) in ON_VLM.items()}
     # MiniMax's config names no vision start and end marks: the two words below the image token stand in
     image = minimax.config.image_token_id
     mm_batch, _ = image_batch((image - 2, image, image - 1), rows, seq)

@@ -255,6 +255,18 @@ def nemo_client_transfer_seconds(url: str, shape: dict, repeats: int) -> list[fl
     return transfers[1:]
 
 
+def encoding_rows(name: str, shape: dict, chosen: list, measured: dict, tcp: float) -> list[tuple]:
+    """(shape, encoding, bytes/token, tokens/s, x nemo, x raw TCP) for raw TCP and each chosen encoding."""
+    tokens = shape["batch"] * shape["seq"]
+    nemo_tps, tcp_tps = tokens / statistics.median(measured[encodings.NEMO][2]), tokens / tcp
+    rows = [(name, "raw TCP", measured[encodings.NEMO][0] / tokens, tcp_tps, tcp_tps / nemo_tps, 1.0)]
+    for encoding in chosen:
+        size, _, times = measured[encoding]
+        tps = tokens / statistics.median(times)
+        rows.append((name, encoding, size / tokens, tps, tps / nemo_tps, tps / tcp_tps))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, help="transfers per shape (default: 9 for 8b, 27 for small)")
@@ -308,13 +320,12 @@ def main() -> None:
             f"{mb / tcp_fresh:19.0f} {1e3 * cpu / (sent / 1e8):26.1f}"
         )
         if args.encoding:
-            tokens = shape["batch"] * shape["seq"]
-            nemo_tps, tcp_tps = tokens / statistics.median(transfers), tokens / tcp
-            per_encoding.append((name, "raw TCP", nbytes / tokens, tcp_tps, tcp_tps / nemo_tps, 1.0))
-            for encoding in args.encoding:
-                size, _, times = measured[encoding]
-                tps = tokens / statistics.median(times)
-                per_encoding.append((name, encoding, size / tokens, tps, tps / nemo_tps, tps / tcp_tps))
+            per_encoding += encoding_rows(name, shape, args.encoding, measured, tcp)
+    print_footprints(rss, per_encoding)
+
+
+def print_footprints(rss: list, per_encoding: list) -> None:
+    """The client's peak memory per shape, then each encoding's tokens/s against nemo's and raw TCP."""
     print(
         f"\n{'shape':6} {'MB/resp':>8} {'client peak RSS MB':>19} {'x resp':>7} {'NeMo client MB':>15} {'x resp':>7}"
     )

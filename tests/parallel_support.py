@@ -14,9 +14,9 @@ import torch
 from target_support import PORT_TAKEN, TargetProcess, free_port, generate_body, vocab_body
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eagle3_target.client.nemo.registry import families
 from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import FEATURES_HEADER
-from eagle3_target.protocol.families import family
 
 TOLERANCE = 1e-4  # all-reduce reorders additions: close to one device, not bit-for-bit
 
@@ -130,8 +130,8 @@ def packed_body() -> bytes:
 
 
 def replies(url: str) -> dict[str, torch.Tensor]:
-    """Everything compared: the nemo encoding (also of a packed row), DFlash/JetSpec/DSpark features, lm_head rows,
-    the weights."""
+    """Everything compared: the nemo encoding (also of a packed row), each text family's feature request,
+    lm_head rows, the weights."""
     ids, mask, loss = batch()
     selected = torch.randperm(V, generator=torch.Generator().manual_seed(3))[:100]
     in_draft = torch.zeros(V, dtype=torch.bool)
@@ -141,12 +141,11 @@ def replies(url: str) -> dict[str, torch.Tensor]:
         f"nemo.{k}": v
         for k, v in wire.decode(bytearray(post(url, "generate", generate_body(ids, mask, loss)))).items()
     }
-    for name, layers in (
-        ("dflash", [1, 3, 5, L - 1]),
-        ("jetspec", [1, 3, 5, L - 1]),
-        ("dspark", [-1, 2, 4, L - 1]),
-    ):
-        header = family(name).ask(layers, L).to_header()
+    for name, found in families().items():  # every family a text target serves (the registry's)
+        features = found.request.ask([-1, 2, 4, L - 1], L)
+        if features.image_mask:
+            continue
+        header = features.to_header()
         body = post(url, "generate", generate_body(ids, mask, loss), **{FEATURES_HEADER: header})
         got.update({f"{name}.{k}": v for k, v in wire.decode(bytearray(body)).items()})
     got.update(

@@ -1,5 +1,6 @@
-"""docs/architecture.md stays true to the tree: every module it names exists, every package is named in it,
-and every `Class.attribute` and `module.name` it names is defined in the code."""
+"""docs/architecture.md stays true to the tree: every module it names exists, every module and package is named
+in it by a path that says which one it is, and every `Class.attribute` and `module.name` it names is defined in
+the code."""
 
 from __future__ import annotations
 
@@ -113,6 +114,32 @@ def test_every_module_named_exists():
     assert not absent, f"docs/architecture.md names modules that do not exist: {absent}"
 
 
+def product_modules() -> list[str]:
+    """Every module under src/eagle3_target relative to it, package __init__.py files aside."""
+    return sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if p.name != "__init__.py")
+
+
+def named_modules(text: str, modules: list[str]) -> set[str]:
+    """The modules the text names unambiguously: by their path from src/eagle3_target/ (or with that
+    prefix), or by a shorter tail of it that no other module's path ends in (`runners/hf.py`, not `cli.py`)."""
+    found = set()
+    for token in module_names(text):
+        if token.startswith("src/eagle3_target/"):
+            exact = token.removeprefix("src/eagle3_target/")
+            found |= {exact} & set(modules)
+            continue
+        matches = [m for m in modules if m == token or m.endswith("/" + token)]
+        if len(matches) == 1:
+            found.add(matches[0])
+    return found
+
+
+def test_every_module_is_named_by_a_path_that_says_which_one():
+    modules = product_modules()
+    missing = sorted(set(modules) - named_modules(DOC.read_text(), modules))
+    assert not missing, f"docs/architecture.md names no path that is only these modules': {missing}"
+
+
 def test_every_package_is_named():
     text = DOC.read_text()
     missing = [p or "eagle3_target" for p in packages() if not package_named(p, text)]
@@ -131,5 +158,9 @@ def test_the_checks_catch_a_stale_name_module_and_package():
     ]
     assert unknown_names("`process.listen`, `process.nothing_here`", code) == ["process.nothing_here"]
     assert module_names("see `server/gone.py` and `p2p/groups.py`") == {"server/gone.py", "p2p/groups.py"}
+    assert named_modules("`cli.py`, `server/cli.py`", ["cli.py", "server/cli.py", "operator/cli.py"]) == {
+        "server/cli.py"
+    }
+    assert named_modules("`src/eagle3_target/cli.py`", ["cli.py", "server/cli.py"]) == {"cli.py"}
     assert not package_named("client/nemo", "only `client/` here")
     assert package_named("client/nemo", "`client/nemo/` here")

@@ -1,11 +1,15 @@
 """The table of docs/families.md, rendered from the families' code (client/nemo/registry.py), and the
-worked example's two files, which its table shows applied."""
+worked example's three files, which its table shows applied. Run as a module, it writes the table:
+
+    PYTHONPATH=src python -m tests.nemo.family_table
+"""
 
 from __future__ import annotations
 
 import contextlib
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
@@ -48,10 +52,15 @@ def example_applied(folder: Path):
     """The worked example's modules found beside the real ones (their packages' search paths extended by
     ``folder``), the families found again on the way in and out."""
     import eagle3_target.client.nemo as trainer
+    import eagle3_target.client.nemo.families as declared
     import eagle3_target.protocol.families as protocol
     from eagle3_target.client.nemo import registry
 
-    packages = {"src/eagle3_target/protocol/families": protocol, "src/eagle3_target/client/nemo": trainer}
+    packages = {
+        "src/eagle3_target/protocol/families": protocol,
+        "src/eagle3_target/client/nemo/families": declared,
+        "src/eagle3_target/client/nemo": trainer,
+    }
     saved = {package: list(package.__path__) for package in packages.values()}
     added = []
     for path, text in example_files().items():
@@ -70,3 +79,19 @@ def example_applied(folder: Path):
         for name in added:
             sys.modules.pop(name, None)
         protocol.families.cache_clear(), registry.families.cache_clear()
+
+
+def write_table(doc: Path = DOC) -> None:
+    """docs/families.md with its table's rows rendered from the code, the worked example applied."""
+    from eagle3_target.client.nemo.registry import families
+
+    with tempfile.TemporaryDirectory() as folder, example_applied(Path(folder)):
+        rows = table_rows(families())
+    lines, old = doc.read_text().splitlines(), docs_rows(doc)
+    first = lines.index(old[0])
+    assert lines[first : first + len(old)] == old, "the table's rows are not one block"
+    doc.write_text("\n".join([*lines[:first], *rows, *lines[first + len(old) :]]) + "\n")
+
+
+if __name__ == "__main__":
+    write_table()

@@ -31,10 +31,14 @@ def test_each_family_recipe_is_exported_as_a_subclass_of_nemos_own(recipe):
 def test_the_docs_family_table_is_the_codes_with_the_worked_example_applied(tmp_path):
     assert set(example_files()) == {
         "src/eagle3_target/protocol/families/toy.py",
+        "src/eagle3_target/client/nemo/families/toy.py",
         "src/eagle3_target/client/nemo/toy.py",
     }
     with example_applied(tmp_path):
-        assert docs_rows() == table_rows(families())
+        rendered = table_rows(families())
+    assert docs_rows() == rendered, (
+        "docs/families.md's table is stale: PYTHONPATH=src python -m tests.nemo.family_table"
+    )
 
 
 def doc_recipe(name: str) -> dict:

@@ -1,4 +1,4 @@
-"""docs/families.md's worked example, applied to a copy of the project: its two files and nothing else make a
+"""docs/families.md's worked example, applied to a copy of the project: its three files and nothing else make a
 family that an hf server answers, that trains through client.nemo against it, and that train-draft, the bench,
 the docs table and the tests that enumerate the families all find."""
 

@@ -83,7 +83,7 @@ def test_a_group_is_a_leader_and_workers_with_names_labels_and_multi_node_args()
     assert tail == [
         "--nnodes", "2", "--node-rank", "1", "--master-addr", LEADER_DNS, "--master-port", "29607",
         "--pipeline-parallel-size", "2",
-    ]  # fmt: skip
+    ]  # fmt: skip # why: flag and value pairs, as the pod's command line reads
     assert args[args.index("--tensor-parallel-size") + 1] == "8"
     assert leader["spec"]["containers"][0]["args"][args.index("--node-rank") + 1] == "0"
     # each pod holds gpusPerReplica GPUs; the group holds K times that
@@ -93,7 +93,14 @@ def test_a_group_is_a_leader_and_workers_with_names_labels_and_multi_node_args()
     assert leader["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] != "/livez"
 
 
-@pytest.mark.parametrize(("gpus", "split"), [(4, ["--tensor-parallel-size", "8"]), (1, ["--pipeline-parallel-size", "2"]), (0, ["--pipeline-parallel-size", "2"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("gpus", "split"),
+    [
+        (4, ["--tensor-parallel-size", "8"]),
+        (1, ["--pipeline-parallel-size", "2"]),
+        (0, ["--pipeline-parallel-size", "2"]),
+    ],
+)
 def test_the_hf_engine_spans_nodes_one_way_at_a_time(gpus, split):
     """Pipeline stages across the nodes of one-GPU or CPU pods; one tensor-parallel group over all the GPUs
     otherwise (hf does not combine the two)."""
@@ -208,8 +215,15 @@ def test_a_lost_node_takes_the_group_down_and_the_lost_pod_is_left_to_the_force_
 
 
 def test_a_group_not_placed_in_time_gives_its_pods_back_and_is_held():
-    unbound = member(1, 1, bound=False, ready=False, phase="Pending", failing_reason="Unschedulable",
-                     failing_message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")  # fmt: skip
+    unbound = member(
+        1,
+        1,
+        bound=False,
+        ready=False,
+        phase="Pending",
+        failing_reason="Unschedulable",
+        failing_message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    )
     pods = whole(0) + [member(1, 0, ready=False), unbound]
     assert plan(pods, now=599.0).plan.delete == []
     result = plan(pods, now=600.0)
@@ -235,7 +249,7 @@ def test_status_and_scale_count_groups_and_list_leaders_only():
     status = compute_status(
         name="llama", pods=states, observed=Observed(rollout=Rollout(2, "rev")),
         selector=builders.selector_string("llama", target()), previous=None, at=0.0,
-    )  # fmt: skip
+    )  # fmt: skip # why: two lines of keywords, not one a line
     assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 1, 2)
     assert status["endpoints"] == ["10.0.0.1:8001"]
     assert status["selector"].endswith(f"{groups.ROLE_LABEL}=leader")

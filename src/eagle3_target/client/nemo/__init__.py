@@ -1,18 +1,23 @@
 """NVIDIA NeMo AutoModel's draft trainers on the fleet: a NeMo target backend, and NeMo's recipes over it.
 
 Needs nemo-automodel (the ``nemo`` extra); nothing else in eagle3_target imports this package but
-`train-draft` and `precompute`. Every recipe a family here trains (registry.py) is exported under NeMo's own
-class name, from its family's module, when first asked for.
+`train-draft` and `precompute`. Every recipe a family trains (registry.py) is exported under NeMo's own class
+name, from its family's adapter, imported when first asked for (loading.py).
 """
 
 from __future__ import annotations
 
-from .backend import NeMoTargetBackend as NeMoTargetBackend
-from .registry import recipe_class, recipes
+from .loading import recipe_class
+from .registry import recipes
 
 
 def __getattr__(name: str):
-    # A recipe pulls in NeMo's whole training stack (torchao, torchdata, ...): import it only when asked.
+    # A recipe pulls in NeMo's whole training stack (torchao, torchdata, ...), the backend NeMo's remote
+    # client: import each only when asked, so the families' registry needs neither torch nor NeMo.
+    if name == "NeMoTargetBackend":
+        from .backend import NeMoTargetBackend
+
+        return NeMoTargetBackend
     if name == "RECIPES":
         return recipes()
     if name == "__all__":

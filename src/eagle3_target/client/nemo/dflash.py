@@ -13,7 +13,6 @@ import torch
 from transformers import AutoConfig
 
 from ._imports import nemo_module
-from .family import FleetFamily
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
 from .interface import BatchInputs
@@ -68,6 +67,8 @@ class RemoteDFlashTarget(FleetTarget):
 class RemoteDFlashRecipe(FleetRecipe):
     """Mixed in before one of NeMo's DFlash-family recipes: the target is the fleet."""
 
+    fleet_target = RemoteDFlashTarget
+
     sharded_axes = ("tp_size", "cp_size", "pp_size", "ep_size")
 
     def _build_target_model(self, recipe_cfg, target_path: str, draft_spec) -> RemoteTargetModel:
@@ -105,11 +106,3 @@ class TrainDominoRecipe(RemoteDFlashRecipe, _domino.TrainDominoRecipe):
 
 class TrainDFlash2Recipe(RemoteDFlashRecipe, _dflash2.TrainDFlash2Recipe):
     """NeMo's TrainDFlash2Recipe, unchanged but for where the target runs: the eagle3-target fleet."""
-
-
-FAMILY = FleetFamily(
-    name="dflash",
-    recipes=("TrainDFlashRecipe", "TrainDominoRecipe", "TrainDFlash2Recipe"),
-    replaces="HFDFlashTargetModel",
-    target=RemoteDFlashTarget,
-)

@@ -22,7 +22,6 @@ from transformers import AutoConfig
 
 from ._imports import nemo_module
 from .captures import dspark_context
-from .family import FleetFamily, OfflineCache
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
 from .interface import BatchInputs
@@ -93,6 +92,8 @@ def refuse_local_only(cfg) -> None:
 class TrainDSparkRecipe(FleetRecipe, _dspark.TrainDSparkRecipe):
     """NeMo's TrainDSparkRecipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
+    fleet_target = RemoteDSparkTarget
+
     sharded_axes = ("cp_size",)
 
     def __init__(self, cfg):
@@ -119,22 +120,3 @@ class TrainDSparkRecipe(FleetRecipe, _dspark.TrainDSparkRecipe):
         target = self.open_fleet_target(layer_ids[1:], num_layers)  # the fleet's -1 has the images merged in
         target.target_layer_ids, target.token_embedding = layer_ids, True
         return target
-
-
-def write_offline_cache(args, token):
-    from ..precompute.dspark import precompute_dspark
-
-    return precompute_dspark(args, token)
-
-
-FAMILY = FleetFamily(
-    name="dspark",
-    recipes=("TrainDSparkRecipe",),
-    replaces="HFDSparkTargetModel",
-    target=RemoteDSparkTarget,
-    offline_cache=OfflineCache(
-        write_offline_cache,
-        flags={"draft_num_hidden_layers": 5, "target_layer_ids": None, "chat_template": None}
-        | {"target_attn_implementation": None, "target_force_hf": False},
-    ),
-)

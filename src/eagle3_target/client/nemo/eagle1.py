@@ -15,7 +15,6 @@ import torch
 
 from ._imports import nemo_module
 from .captures import shift_left
-from .family import FleetFamily
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
 from .interface import BatchInputs
@@ -49,6 +48,8 @@ class RemoteEagleTarget(FleetTarget):
 class RemoteEagle1Recipe(FleetRecipe):
     """Mixed in before NeMo's EAGLE-1 or EAGLE-2 recipe: the target is the fleet."""
 
+    fleet_target = RemoteEagleTarget
+
     def fleet_setup(self):
         return fleet_target(_eagle1, "HFEagleTargetModel", lambda _config_only: self.open_fleet_target())
 
@@ -59,11 +60,3 @@ class TrainEagle1Recipe(RemoteEagle1Recipe, _eagle1.TrainEagle1Recipe):
 
 class TrainEagle2Recipe(RemoteEagle1Recipe, _eagle2.TrainEagle2Recipe):
     """NeMo's TrainEagle2Recipe (EAGLE-1's training, EAGLE-2's tree at inference) on the fleet."""
-
-
-FAMILY = FleetFamily(
-    name="eagle1",
-    recipes=("TrainEagle1Recipe", "TrainEagle2Recipe"),
-    replaces="HFEagleTargetModel",
-    target=RemoteEagleTarget,
-)

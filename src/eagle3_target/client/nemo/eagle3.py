@@ -5,28 +5,22 @@ the same class trains P-EAGLE (peagle.py), whose target this recipe's co-located
 
 from __future__ import annotations
 
-from eagle3_target.protocol.choices import AUTO
-
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend
-from .family import FleetFamily, OfflineCache
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget, check_dtype
+from .peagle import RemotePEagleTarget
 
 _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 _target = nemo_module("components.speculative.eagle.target")
-
-
-def write_offline_cache(args, token):
-    from ..precompute.eagle3 import precompute_eagle3
-
-    return precompute_eagle3(args, token)
 
 
 class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
     """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
     prefetches_loaders = False  # NeMo's own prefetch loop (recipe_args.target_prefetch_depth)
+    # opened only for P-EAGLE (parallel_drafting); EAGLE-3's own is NeMoTargetBackend, opened from the endpoints
+    fleet_target = RemotePEagleTarget
 
     def __init__(self, cfg):
         backend = cfg.get("recipe_args.target_model_backend", "remote")
@@ -114,16 +108,3 @@ class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
         self.target_wrapper = self.open_fleet_target(
             _target.validate_eagle3_aux_layer_ids(layers, num_layers), num_layers
         )
-
-
-FAMILY = FleetFamily(
-    name="eagle3",
-    recipes=("TrainEagle3Recipe",),
-    replaces="RemoteEagle3TargetModel",
-    target=NeMoTargetBackend,
-    offline_cache=OfflineCache(
-        write_offline_cache,
-        flags={"draft_vocab_size": None, "target_probs_topk": 0, "aux_layer_ids": None, "encoding": AUTO}
-        | {"allow_approximate": False},
-    ),
-)

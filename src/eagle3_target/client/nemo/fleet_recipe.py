@@ -22,6 +22,8 @@ from .remote import RemoteTargetSettings
 class FleetRecipe:
     # distributed axes that shard a co-located target: refused, the fleet runs it whole
     sharded_axes: tuple[str, ...] = ("tp_size",)
+    # the FleetTarget opened where NeMo builds its co-located target; its to_batch builds NeMo's batch
+    fleet_target: type[FleetTarget]
     # the recipe's loops ask for each batch's features when they reach it: the loaders submit ahead
     # (remote_target.prefetch_depth); False: NeMo's own prefetch (recipe_args.target_prefetch_depth)
     prefetches_loaders = True
@@ -74,7 +76,7 @@ class FleetRecipe:
             num_layers,
             draft_dtype=getattr(self, "compute_dtype", None),
         )
-        return self.family.target(
+        return self.fleet_target(
             backend, weights, self.device, self.remote_target, layers, num_layers, **extra
         )
 

@@ -5,19 +5,10 @@ sending the full-vocabulary logits, unshifted, which JetSpec distills against (w
 from __future__ import annotations
 
 from ._imports import nemo_module
-from .dflash import RemoteDFlashRecipe, RemoteDFlashTarget
-from .family import FleetFamily
+from .dflash import RemoteDFlashRecipe
 
 _jetspec = nemo_module("recipes.llm.train_jetspec")
 
 
 class TrainJetSpecRecipe(RemoteDFlashRecipe, _jetspec.TrainJetSpecRecipe):
     """NeMo's TrainJetSpecRecipe on the fleet, which sends the full-vocabulary logits too."""
-
-
-FAMILY = FleetFamily(
-    name="jetspec",
-    recipes=("TrainJetSpecRecipe",),
-    replaces="HFDFlashTargetModel",
-    target=RemoteDFlashTarget,
-)

@@ -16,7 +16,6 @@ import torch
 
 from ._imports import nemo_module
 from .captures import shift_left
-from .family import FleetFamily
 from .fleet_target import FleetTarget
 from .interface import BatchInputs
 
@@ -36,12 +35,3 @@ class RemotePEagleTarget(FleetTarget):
             attention_mask=inputs.attention_mask,
             loss_mask=shift_left(inputs.loss_mask),
         )
-
-
-FAMILY = FleetFamily(
-    name="peagle",
-    recipes=("TrainEagle3Recipe",),
-    replaces="HFEagle3TargetModel",
-    target=RemotePEagleTarget,
-    selected_by="parallel_drafting",
-)

@@ -1,5 +1,7 @@
-"""Every draft family the fleet trains, found from the code: each protocol family (protocol/families/) paired
-with the module of the same name here, which defines its ``FAMILY`` (family.py). Bench, precompute,
+"""Every draft family the fleet trains, by its torch-free declaration: each protocol family
+(protocol/families/) paired with the declaration of the same name in families/, and each entry point of
+the ``eagle3_target.families`` group (a package outside the tree, as vLLM finds its plugins). Nothing here
+imports an adapter or a NeMo recipe: loading.py does, for the one family that runs. Bench, precompute,
 `train-draft`, the tests and the docs table all enumerate the families through this module.
 """
 
@@ -7,32 +9,41 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from importlib.metadata import entry_points
 
 from eagle3_target.protocol.families import families as protocol_families
 
 from .family import FleetFamily
 
 DEFAULT_RECIPE = "TrainEagle3Recipe"  # what a YAML without a recipe: key trains (NeMo's EAGLE-3 convention)
+ENTRY_POINTS = "eagle3_target.families"  # name = package.module:FAMILY, a FleetFamily of that name
 
 
 @cache
 def families() -> dict[str, FleetFamily]:
-    """Every family, by name; a protocol family without its trainer module here is an error."""
+    """Every family, by name; a protocol family without its declaration here is an error."""
     found = {}
     for name in sorted(protocol_families()):
         try:
-            module = importlib.import_module(f"{__package__}.{name}")
+            module = importlib.import_module(f"{__package__}.families.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{name}":
+            if exc.name != f"{__package__}.families.{name}":
                 raise
             raise ImportError(
-                f"protocol/families/{name}.py has no trainer side: client/nemo/{name}.py"
+                f"protocol/families/{name}.py has no trainer side: client/nemo/families/{name}.py"
             ) from None
-        fleet_family = module.FAMILY
-        if fleet_family.name != name:
-            raise ValueError(f"client/nemo/{name}.py defines the family {fleet_family.name!r}")
-        found[name] = fleet_family
-    return found
+        found[name] = named(module.FAMILY, name, f"client/nemo/families/{name}.py")
+    for point in entry_points(group=ENTRY_POINTS):
+        if point.name in found:
+            raise ValueError(f"entry point {point.name} = {point.value} ({ENTRY_POINTS}): that family exists")
+        found[point.name] = named(point.load(), point.name, f"entry point {point.name} = {point.value}")
+    return dict(sorted(found.items()))
+
+
+def named(declared: object, name: str, where: str) -> FleetFamily:
+    if not isinstance(declared, FleetFamily) or declared.name != name:
+        raise ValueError(f"{where} declares {declared!r:.80}, not the FleetFamily {name!r}")
+    return declared
 
 
 def recipes() -> dict[str, FleetFamily]:
@@ -52,14 +63,10 @@ def recipe_name(value: object) -> str:
     return value.strip().rsplit(".", 1)[-1]
 
 
-def recipe_class(name: str) -> type:
-    """Our remote subclass of NeMo's recipe ``name``; ValueError naming the ones there are."""
-    found = recipes()
-    if name not in found:
-        raise ValueError(
-            f"recipe: {name} is not a recipe the fleet trains; choose one of {', '.join(sorted(found))}"
-        )
-    return getattr(importlib.import_module(f"{__package__}.{found[name].name}"), name)
+def unknown_recipe(name: str) -> ValueError:
+    return ValueError(
+        f"recipe: {name} is not a recipe the fleet trains; choose one of {', '.join(sorted(recipes()))}"
+    )
 
 
 def by_recipe(recipe: str, recipe_args=None) -> FleetFamily:
@@ -74,7 +81,7 @@ def by_recipe(recipe: str, recipe_args=None) -> FleetFamily:
         elif recipe_args is not None and bool(recipe_args.get(fleet_family.selected_by, False)):
             return fleet_family
     if own is None:
-        recipe_class(recipe)  # raises, naming the recipes there are
+        raise unknown_recipe(recipe)
     return own
 
 

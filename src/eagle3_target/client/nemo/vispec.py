@@ -24,7 +24,6 @@ from eagle3_target.protocol.contract import IMAGE_KEYS
 
 from ._imports import nemo_module
 from .captures import shift_left
-from .family import FleetFamily
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget
 from .interface import BatchInputs
@@ -102,10 +101,4 @@ class RemoteVispecTarget(FleetTarget):
 class TrainVispecRecipe(VispecFleetRecipe, _vispec.TrainVispecRecipe):
     """NeMo's TrainVispecRecipe (ViSpec stage 2), unchanged but for where the target runs: the fleet."""
 
-
-FAMILY = FleetFamily(
-    name="vispec",
-    recipes=("TrainVispecRecipe",),
-    replaces="HFVispecTargetModel",
-    target=RemoteVispecTarget,
-)
+    fleet_target = RemoteVispecTarget

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from ._imports import nemo_module
 from .eagle1 import RemoteEagleTarget
-from .family import FleetFamily
 from .vispec import VispecFleetRecipe
 
 _vispec = nemo_module("recipes.llm.train_vispec")
@@ -21,12 +20,6 @@ _vispec = nemo_module("recipes.llm.train_vispec")
 class TrainVispecStage1Recipe(VispecFleetRecipe, _vispec.TrainVispecStage1Recipe):
     """NeMo's TrainVispecStage1Recipe, unchanged but for where the target runs: the eagle3-target fleet."""
 
+    fleet_target = RemoteEagleTarget
+
     replaced_wrapper = "HFEagleTargetModel"
-
-
-FAMILY = FleetFamily(
-    name="vispec_stage1",
-    recipes=("TrainVispecStage1Recipe",),
-    replaces="HFEagleTargetModel",
-    target=RemoteEagleTarget,
-)

@@ -46,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     with fleet_errors():
         try:
             # a missing package: the CLI's one line names it and the extra
+            from ..nemo.loading import offline_cache_writer
             from ..nemo.registry import offline_caches
 
             caches = {name: found.offline_cache for name, found in offline_caches().items()}
             check_family_flags(args, caches)
-            print(caches[args.family].write(args, token).summary())
+            print(offline_cache_writer(args.family)(args, token).summary())
         except ImportError as exc:
             if isinstance(exc, ModuleNotFoundError):
                 raise

@@ -167,7 +167,7 @@ class P2PGroups:
     async def transfer(self, session: Session, asked: bool, sequence: str | None):
         """Yield a Transfer when this request may be answered over the session's group, else None.
 
-        ``asked``: the request carries X-NeMo-NCCL: 1; ``sequence``: its X-Eagle3-Sequence, if any.
+        ``asked``: the request carries X-NeMo-NCCL: 1; ``sequence``: its X-Eagle3-Seq, if any.
         Holds the session's transfer lock throughout, so sequence numbers follow request order.
         """
         sg = self.groups.get(session.id)
