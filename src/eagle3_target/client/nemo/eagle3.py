@@ -10,6 +10,7 @@ from eagle3_target.protocol.choices import AUTO
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend
 from .family import FleetFamily, OfflineCache
+from .fleet_cycles import FleetCycles
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget, check_dtype
 
@@ -23,8 +24,9 @@ def write_offline_cache(args, token):
     return precompute_eagle3(args, token)
 
 
-class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
-    """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+class TrainEagle3Recipe(FleetCycles, FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
+    """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet (and, with
+    ``regen:`` or ``decode_eval:``, where those cycles run: fleet_cycles.py)."""
 
     prefetches_loaders = False  # NeMo's own prefetch loop (recipe_args.target_prefetch_depth)
 
