@@ -66,6 +66,9 @@ class TargetServer:
         }
         app.add_routes([method("/" + name, handler, name=name) for name, (method, handler) in routes.items()])
         app.router.add_post(f"/{contract.WEIGHTS}/{{name}}", self.weight, name=contract.WEIGHTS)
+        app.router.add_post(
+            contract.SPECULATIVE_EVALUATE, self.speculative_evaluate, name="speculative_evaluate"
+        )
         app.on_shutdown.append(self._close_p2p)  # before in-flight handlers are waited for
         app.cleanup_ctx.append(self._service_running)
         return app
@@ -220,6 +223,10 @@ class TargetServer:
         answer.timings["send"] = time.perf_counter() - start
         self.service.pipeline.delivered(answer, "p2p", sent)
         return response
+
+    async def speculative_evaluate(self, request: web.Request) -> web.Response:
+        reply = await self.service.speculative.evaluate(_session_id(request), await request.read())
+        return web.json_response(reply)
 
     async def disconnect(self, request: web.Request) -> web.Response:
         self.service.clients.disconnect(_session_id(request))

@@ -188,6 +188,11 @@ def _limit_arguments(g) -> None:
         f"(default {DEFAULT_DRAIN_TIMEOUT:.0f}; keep it under the pod's termination grace period)",
     )
     g.add_argument(
+        "--draft-dir-root",
+        help="the folder (a shared volume) under which /v1/speculative/evaluate may read draft checkpoints "
+        "(default: none, and the endpoint answers 403)",
+    )
+    g.add_argument(
         "--exit-on-disconnect",
         action="store_true",
         help="NeMo's behaviour: exit after any /disconnect (default: keep serving)",

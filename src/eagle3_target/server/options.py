@@ -51,6 +51,7 @@ class ServerOptions:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
     p2p: P2POptions = field(default_factory=P2POptions)
+    draft_dir_root: str | None = None  # drafts /v1/speculative/evaluate may read; None: it reads none
 
     @property
     def p2p_requires_auth(self) -> bool:
@@ -78,6 +79,7 @@ class ServerOptions:
             drain_timeout=args.drain_timeout,
             write_timeout=args.write_timeout,
             p2p=p2p,
+            draft_dir_root=args.draft_dir_root,
         )
 
 
