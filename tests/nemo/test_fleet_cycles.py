@@ -4,7 +4,10 @@ still running when training ends is waited for."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +17,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3_target.client.nemo import TrainEagle3Recipe
-from eagle3_target.client.nemo.fleet_cycles import FleetRegenRunner
+from eagle3_target.client.nemo.fleet_cycles import FleetDecodeEvalRunner, FleetRegenRunner
 
 from .exactness import SEED, load_config, start_fleet
 from .nemo_support import build_target, write_chats
@@ -30,15 +33,23 @@ def target(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fleet(target, tmp_path_factory):
+def drafts(tmp_path_factory) -> Path:
+    """The server's --draft-dir-root: a decode_eval run writes its snapshots under it, as on a shared volume."""
+    return tmp_path_factory.mktemp("drafts")
+
+
+@pytest.fixture(scope="module")
+def fleet(target, drafts, tmp_path_factory):
     token_file = tmp_path_factory.mktemp("token") / "token"
     token_file.write_text(TOKEN + "\n")
-    server = start_fleet(target[0], ["127.0.0.9"], "--auth-token-file", str(token_file))[0]
+    server = start_fleet(
+        target[0], ["127.0.0.9"], "--auth-token-file", str(token_file), "--draft-dir-root", str(drafts)
+    )[0]
     yield server, token_file
     server.kill()
 
 
-def recipe(out: Path, target, fleet, **blocks) -> TrainEagle3Recipe:
+def recipe(out: Path, target, fleet, remote_target=None, **blocks) -> TrainEagle3Recipe:
     """Our EAGLE-3 recipe on 16 chats (8 optimizer steps), with NeMo's blocks as given."""
     model, chats = target
     server, token_file = fleet
@@ -58,7 +69,11 @@ def recipe(out: Path, target, fleet, **blocks) -> TrainEagle3Recipe:
         },
         "optimizer": {"lr": 1e-3},
         "checkpoint": {"checkpoint_dir": str(out / "checkpoints")},
-        "remote_target": {"endpoints": server.url, "auth_token_file": str(token_file)},
+        "remote_target": {
+            "endpoints": server.url,
+            "auth_token_file": str(token_file),
+            **(remote_target or {}),
+        },
     }
     path = out / "recipe.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -73,7 +88,9 @@ def greedy_answers(model_dir: Path, prompts: list[list[dict]]) -> list[str]:
     for prompt in prompts:
         text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS
+        )
         answers.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
     return answers
 
@@ -93,7 +110,9 @@ def test_regen_runs_on_the_fleet_with_nemos_cadence_swap_and_a_last_cycle_waited
     ours = recipe(tmp_path, target, fleet, regen=regen)
     rebuilt: list[str] = []
     build = ours._build_train_dataloader
-    monkeypatch.setattr(ours, "_build_train_dataloader", lambda path, split: rebuilt.append(path) or build(path, split))
+    monkeypatch.setattr(
+        ours, "_build_train_dataloader", lambda path, split: rebuilt.append(path) or build(path, split)
+    )
     torch.manual_seed(SEED)
     with caplog.at_level(logging.INFO):
         ours.setup()
@@ -121,3 +140,63 @@ def test_regen_runs_on_the_fleet_with_nemos_cadence_swap_and_a_last_cycle_waited
     prompts = [row["messages"][:-1] for row in rows]
     assert all(p == row["original_messages"][:-1] for p, row in zip(prompts, rows, strict=True))
     assert [row["messages"][-1]["content"] for row in rows] == greedy_answers(target[0], prompts)
+
+
+class Recorder:
+    """Stands in for the W&B run NeMo's recipe logs to (``_wandb_log``)."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log(self, data: dict, step: int) -> None:
+        self.logged.append((step, data))
+
+    def finish(self) -> None:
+        pass
+
+
+def test_decode_eval_runs_on_the_fleet_and_logs_tau_real_under_nemos_names(target, fleet, drafts, caplog):
+    decode_eval = {"every_steps": 4, "num_prompts": 4, "max_new_tokens": 8, "num_speculative_tokens": 2}
+    out = drafts / "run"
+    ours = recipe(out, target, fleet, remote_target={"draft_root": str(drafts)}, decode_eval=decode_eval)
+    torch.manual_seed(SEED)
+    ours.setup()
+    assert isinstance(ours.decode_eval_runner, FleetDecodeEvalRunner)
+    ours.wandb_run = Recorder()
+    with caplog.at_level(logging.INFO):
+        ours.run_train_validation_loop()
+    logged = [(step, data) for step, data in ours.wandb_run.logged if "train/tau_real" in data]
+    assert logged, caplog.text[-3000:]
+    step, last = logged[-1]
+    assert step == 8 and last["train/tau_real_step"] in (4, 8)
+    assert 1.0 <= last["train/tau_real"] <= 3.0  # 1 + up to K=2 accepted tokens per target step
+    assert 0.0 <= last["train/tau_real_acceptance_rate"] <= 1.0
+    # the last evaluation was still running when training ended: it was waited for, then logged
+    assert (
+        f"decode_eval: the cycle for step {last['train/tau_real_step']} ended after training" in caplog.text
+    )
+    result = json.loads(
+        (out / "decode_eval" / f"step_{last['train/tau_real_step']}" / "result.json").read_text()
+    )
+    assert result["completed"] == 4 and result["accept_length"] == last["train/tau_real"]
+
+
+@pytest.mark.parametrize(
+    ("remote_target", "decode_eval", "says"),
+    [
+        ({}, {}, "set remote_target.draft_root to the folder the servers read drafts from"),
+        ({"draft_root": "/elsewhere"}, {}, "which is not under remote_target.draft_root=/elsewhere"),
+        (
+            {"draft_root": "/"},
+            {"temperature": 0.7},
+            "decode_eval.temperature=0.7: the fleet evaluates greedy",
+        ),
+    ],
+)
+def test_a_decode_eval_the_fleet_cannot_run_is_refused_before_setup(
+    target, tmp_path, remote_target, decode_eval, says
+):
+    fleet = (argparse.Namespace(url="http://127.0.0.1:9"), tmp_path / "no-token")
+    (tmp_path / "no-token").write_text("t\n")
+    with pytest.raises(ValueError, match=re.escape(says)):
+        recipe(tmp_path, target, fleet, remote_target, decode_eval={"every_steps": 4, **decode_eval})

@@ -52,6 +52,7 @@ class FleetAccess:
     endpoints: str
     nameserver: str | None = None
     token_file: str | None = None
+    draft_root: str = ""  # the servers' --draft-dir-root as the trainer mounts it (decode_eval)
 
     def argv(self) -> list[str]:
         return ["--nameserver", self.nameserver] if self.nameserver else []
@@ -154,7 +155,11 @@ class FleetRegenRunner(FleetWorker, _regen.RegenRunner):
         cycle_dir = os.path.join(self.config.output_dir, f"cycle_{global_step}")
         self._remove_cycle(cycle_dir)  # a crashed cycle's leftovers are never reused (NeMo's rule)
         os.makedirs(cycle_dir)
-        self._start(global_step, cycle_dir, ["--cycle-dir", cycle_dir, "--step", str(global_step)])
+        self._start(
+            global_step,
+            cycle_dir,
+            ["--cycle-dir", cycle_dir, "--step", str(global_step), *self.access.argv()],
+        )
         return True
 
     def wait(self) -> bool:
@@ -192,11 +197,8 @@ class FleetDecodeEvalRunner(FleetWorker, _eval.DecodeEvalRunner):
         self._cleanup_snapshot(step_dir)
         try:
             _eval.export_draft_snapshot(draft_model, step_dir)
-            self._start(
-                global_step,
-                step_dir,
-                ["--draft", step_dir, "--step", str(global_step), "--result-json", result],
-            )
+            args = ["--draft", step_dir, "--step", str(global_step), "--result-json", result]
+            self._start(global_step, step_dir, [*args, "--draft-root", self.access.draft_root])
         except Exception:
             self._cleanup_snapshot(step_dir)
             raise
@@ -207,7 +209,33 @@ def fleet_access(cfg, settings) -> FleetAccess:
     """The fleet a recipe's remote_target names (RemoteTargetSettings ``settings``), for its workers."""
     endpoints = settings.endpoints if isinstance(settings.endpoints, str) else ",".join(settings.endpoints)
     token_file = cfg.get("remote_target.auth_token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
-    return FleetAccess(endpoints, settings.client_options.get("nameserver"), token_file)
+    root = settings.draft_root or ""
+    return FleetAccess(endpoints, settings.client_options.get("nameserver"), token_file, root)
+
+
+def check_eval(cfg, draft_root: str | None) -> None:
+    """The fleet evaluates greedily a snapshot it can read: refuse, before setup, a decode_eval it could not run."""
+    block = cfg.get("recipe_args.decode_eval", None)
+    if block is None or int(block.get("every_steps", 0) or 0) <= 0:
+        return
+    temperature = block.get("temperature", None)
+    if temperature not in (None, 0, 0.0):
+        raise ValueError(
+            f"decode_eval.temperature={temperature}: the fleet evaluates greedy decoding, where "
+            "speculative decoding is lossless; leave it at 0"
+        )
+    if not draft_root:
+        raise ValueError(
+            "decode_eval on the fleet: set remote_target.draft_root to the folder the servers read drafts from "
+            "(their --draft-dir-root, a shared volume, as mounted here), with recipe_args.output_dir under it"
+        )
+    snapshots = os.path.realpath(str(cfg.get("recipe_args.output_dir", None) or "."))
+    if os.path.commonpath([snapshots, os.path.realpath(draft_root)]) != os.path.realpath(draft_root):
+        raise ValueError(
+            f"decode_eval writes its snapshots under {snapshots}, which is not under "
+            f"remote_target.draft_root={draft_root}: the servers could not read them; put "
+            "recipe_args.output_dir under it"
+        )
 
 
 class FleetCycles:
@@ -217,6 +245,7 @@ class FleetCycles:
     def __init__(self, cfg):
         fleet_blocks(cfg)
         super().__init__(cfg)
+        check_eval(cfg, self.remote_target.draft_root)
 
     def _setup_regen(self, recipe_cfg, target_path) -> None:
         super()._setup_regen(recipe_cfg, target_path)
