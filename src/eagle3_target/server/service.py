@@ -6,6 +6,7 @@
 - weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights;
 - the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply;
 - speculative decoding (speculative/): a draft's acceptance, its steps in the same turns at the model.
+- text generation (generation.py) for the OpenAI-compatible endpoints, through the same scheduler.
 
 Requests name their session by id; failures are ServiceErrors (errors.py) that the HTTP layer maps to
 status codes.
@@ -18,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from .generation import GenerationService
 from .metrics import ServerMetrics
 from .model_host import ModelHost
 from .options import ServerOptions
@@ -48,6 +50,14 @@ class TargetService:
         self.weights = WeightEndpoints(self.model, self.sessions)
         self.pipeline = GeneratePipeline(self.model, self.sessions, self.p2p, options, metrics)
         self.speculative = SpeculativeEvaluator(self.model, self.pipeline.turns, options)
+        self.generation = GenerationService(
+            self.model,
+            self.pipeline.turns,
+            options.generation,
+            options.max_batch_tokens,
+            options.max_priority,
+            metrics,
+        )
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
