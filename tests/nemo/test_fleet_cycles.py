@@ -107,14 +107,14 @@ def test_regen_runs_on_the_fleet_with_nemos_cadence_swap_and_a_last_cycle_waited
         "shard_size": 8,
         "timeout_s": 120,
     }
-    ours = recipe(tmp_path, target, fleet, regen=regen)
-    rebuilt: list[str] = []
-    build = ours._build_train_dataloader
-    monkeypatch.setattr(
-        ours, "_build_train_dataloader", lambda path, split: rebuilt.append(path) or build(path, split)
-    )
-    torch.manual_seed(SEED)
     with caplog.at_level(logging.INFO):
+        ours = recipe(tmp_path, target, fleet, regen=regen)
+        rebuilt: list[str] = []
+        build = ours._build_train_dataloader
+        monkeypatch.setattr(
+            ours, "_build_train_dataloader", lambda path, split: rebuilt.append(path) or build(path, split)
+        )
+        torch.manual_seed(SEED)
         ours.setup()
         runner = ours.regen_runner
         assert isinstance(runner, FleetRegenRunner)
@@ -182,7 +182,7 @@ def test_decode_eval_runs_on_the_fleet_and_logs_tau_real_under_nemos_names(targe
 
 
 @pytest.mark.parametrize(
-    ("remote_target", "decode_eval", "says"),
+    ("remote_target", "recipe_args", "says"),
     [
         ({}, {}, "set remote_target.draft_root to the folder the servers read drafts from"),
         ({"draft_root": "/elsewhere"}, {}, "which is not under remote_target.draft_root=/elsewhere"),
@@ -191,12 +191,15 @@ def test_decode_eval_runs_on_the_fleet_and_logs_tau_real_under_nemos_names(targe
             {"temperature": 0.7},
             "decode_eval.temperature=0.7: the fleet evaluates greedy",
         ),
+        ({"draft_root": "/"}, {"parallel_drafting": True}, "decode_eval with parallel_drafting: the fleet"),
     ],
 )
 def test_a_decode_eval_the_fleet_cannot_run_is_refused_before_setup(
-    target, tmp_path, remote_target, decode_eval, says
+    target, tmp_path, remote_target, recipe_args, says
 ):
     fleet = (argparse.Namespace(url="http://127.0.0.1:9"), tmp_path / "no-token")
     (tmp_path / "no-token").write_text("t\n")
+    decode_eval = {"every_steps": 4, **{k: v for k, v in recipe_args.items() if k == "temperature"}}
+    others = {k: v for k, v in recipe_args.items() if k != "temperature"}
     with pytest.raises(ValueError, match=re.escape(says)):
-        recipe(tmp_path, target, fleet, remote_target, decode_eval={"every_steps": 4, **decode_eval})
+        recipe(tmp_path, target, fleet, remote_target, decode_eval=decode_eval, **others)

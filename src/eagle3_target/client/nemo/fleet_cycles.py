@@ -218,6 +218,11 @@ def check_eval(cfg, draft_root: str | None) -> None:
     block = cfg.get("recipe_args.decode_eval", None)
     if block is None or int(block.get("every_steps", 0) or 0) <= 0:
         return
+    if bool(cfg.get("recipe_args.parallel_drafting", False)):
+        raise ValueError(
+            "decode_eval with parallel_drafting: the fleet evaluates EAGLE-3's one-token-at-a-time drafts, "
+            "not P-EAGLE's; leave decode_eval out (or every_steps: 0)"
+        )
     temperature = block.get("temperature", None)
     if temperature not in (None, 0, 0.0):
         raise ValueError(
