@@ -22,6 +22,9 @@ from eagle3_target.client.nemo.fleet_cycles import FleetDecodeEvalRunner, FleetR
 from .exactness import SEED, load_config, start_fleet
 from .nemo_support import build_target, write_chats
 
+# each cycle is a worker process that imports NeMo's data stack: seconds on an idle machine, minutes on a busy one
+pytestmark = pytest.mark.timeout(900)
+
 TOKEN = "regen-token"
 NEW_TOKENS = 8
 
@@ -75,6 +78,7 @@ def recipe(out: Path, target, fleet, remote_target=None, **blocks) -> TrainEagle
             **(remote_target or {}),
         },
     }
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "recipe.yaml"
     path.write_text(yaml.safe_dump(config))
     return TrainEagle3Recipe(load_config(path))

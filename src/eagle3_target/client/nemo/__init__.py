@@ -7,12 +7,16 @@ class name, from its family's module, when first asked for.
 
 from __future__ import annotations
 
-from .backend import NeMoTargetBackend as NeMoTargetBackend
 from .registry import recipe_class, recipes
 
 
 def __getattr__(name: str):
-    # A recipe pulls in NeMo's whole training stack (torchao, torchdata, ...): import it only when asked.
+    # A recipe pulls in NeMo's whole training stack (torchao, torchdata, ...), the backend NeMo's draft models:
+    # import them only when asked (a regen or decode_eval worker, fleet_cycles.py, needs neither).
+    if name == "NeMoTargetBackend":
+        from .backend import NeMoTargetBackend
+
+        return NeMoTargetBackend
     if name == "RECIPES":
         return recipes()
     if name == "__all__":
