@@ -7,7 +7,10 @@ class name, from its family's module, when first asked for.
 
 from __future__ import annotations
 
+from ._imports import nemo_module
 from .registry import recipe_class, recipes
+
+nemo_module("shared.import_utils")  # without NeMo AutoModel, importing this package says what to install
 
 
 def __getattr__(name: str):
