@@ -136,7 +136,8 @@ def test_regen_runs_on_the_fleet_with_nemos_cadence_swap_and_a_last_cycle_waited
         ours.run_train_validation_loop()
     assert "regen.cuda_visible_devices=7 is ignored" in caplog.text
     cycles = tmp_path / "regen"
-    assert rebuilt == [str(cycles / "cycle_3" / "shards")], "NeMo's swap trains on the first cycle's shards"
+    # setup's loader, then NeMo's swap to the first cycle's shards
+    assert rebuilt == [str(target[1]), str(cycles / "cycle_3" / "shards")]
     assert "regen: the cycle for step 6 ended after training" in caplog.text
     assert "regen: cycle 6 is ready" in caplog.text
     rows = pq.read_table(cycles / "cycle_6" / "shards").to_pylist()

@@ -86,7 +86,6 @@ class FleetWorker:
             "--config-json",
             config_json,
             *args,
-            *self.access.argv(),
         ]
         log_path = os.path.join(work_dir, "worker.log")
         with open(log_path, "ab") as log_file:
@@ -118,13 +117,14 @@ class FleetWorker:
 
     def wait(self) -> bool:
         """Once training ends: wait for a running cycle up to its timeout_s; whether none is left running."""
+        self._reap_finished_worker()  # one that ended during training is reported as NeMo reports it
         if self._proc is None:
             return True
         try:
             self._proc.wait(timeout=self.config.timeout_s)
         except subprocess.TimeoutExpired:
             log.warning(
-                "%s: the cycle for step %d passed timeout_s=%s; stopped",
+                "%s: the cycle for step %d passed timeout_s=%s; NeMo's shutdown stops it",
                 self.name,
                 self._launched_for_step,
                 self.config.timeout_s,
@@ -163,9 +163,10 @@ class FleetRegenRunner(FleetWorker, _regen.RegenRunner):
         return True
 
     def wait(self) -> bool:
+        running = self._proc is not None and self._proc.poll() is None  # not one swapped in during training
         done = super().wait()
         ready = os.path.join(self.config.output_dir, f"cycle_{self._launched_for_step}", "READY")
-        if done and os.path.exists(ready):
+        if running and done and os.path.exists(ready):
             log.info(
                 "regen: cycle %d is ready at %s; training has ended, so it is not trained on",
                 self._launched_for_step,
