@@ -140,7 +140,11 @@ def test_regen_runs_on_the_fleet_with_nemos_cadence_swap_and_a_last_cycle_waited
     assert rebuilt == [str(target[1]), str(cycles / "cycle_3" / "shards")]
     assert "regen: the cycle for step 6 ended after training" in caplog.text
     assert "regen: cycle 6 is ready" in caplog.text
-    rows = pq.read_table(cycles / "cycle_6" / "shards").to_pylist()
+    rows = [
+        row
+        for shard in sorted((cycles / "cycle_6" / "shards").glob("shard-*.parquet"))
+        for row in pq.read_table(shard).to_pylist()
+    ]
     assert len(rows) == 16
     prompts = [row["messages"][:-1] for row in rows]
     assert all(p == row["original_messages"][:-1] for p, row in zip(prompts, rows, strict=True))
