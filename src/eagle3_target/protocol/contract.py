@@ -27,6 +27,9 @@ READYZ = "readyz"
 METRICS = "metrics"
 LM_HEAD = "lm_head"  # the lm_head rows of the session's draft vocabulary, for the "hidden" encoding
 WEIGHTS = "weights"  # /weights/<name>: a whole weight a trainer fetches once (features.py WEIGHT_NAMES)
+SPECULATIVE_EVALUATE = (
+    "/v1/speculative/evaluate"  # a draft's acceptance by speculative decoding (docs/evaluate.md)
+)
 
 # What Kubernetes probes: /health answers 200 once the model is loaded (startup and readiness),
 # /livez 200 while the process serves at all (liveness: a slow load is not a dead process).

@@ -17,6 +17,7 @@ from eagle3_target.protocol.contract import DEFAULT_PORT, PRIORITIES
 from eagle3_target.protocol.engine_spec import COMMON_OPTIONS
 from eagle3_target.protocol.engines import engine, engines
 
+from . import generation_options
 from .options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -68,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _http_arguments(p.add_argument_group("HTTP"))
     _limit_arguments(p.add_argument_group("limits and lifecycle"))
     p2p_options.add_arguments(p.add_argument_group("p2p (tensors over a torch.distributed group, not HTTP)"))
+    generation_options.add_arguments(p.add_argument_group("generation (OpenAI-compatible, same weights)"))
     auth = p.add_argument_group("auth")
     auth.add_argument(
         "--auth-token-file",
@@ -189,6 +191,11 @@ def _limit_arguments(g) -> None:
         default=DEFAULT_DRAIN_TIMEOUT,
         help="on SIGTERM, seconds to finish requests in flight before exiting "
         f"(default {DEFAULT_DRAIN_TIMEOUT:.0f}; keep it under the pod's termination grace period)",
+    )
+    g.add_argument(
+        "--draft-dir-root",
+        help="the folder (a shared volume) under which /v1/speculative/evaluate may read draft checkpoints "
+        "(default: none, and the endpoint answers 403)",
     )
     g.add_argument(
         "--exit-on-disconnect",

@@ -1,10 +1,12 @@
-"""The target service: what each endpoint asks of the model, with no HTTP in it, in four parts.
+"""The target service: what each endpoint asks of the model, with no HTTP in it, in five parts.
 
 - lifetime (here and model_host.py): load and warm the runner in the background, expire sessions, watch
   the p2p groups, drain, stop, release;
 - sessions and vocabulary (session_endpoints.py): heartbeat, disconnect, model info, vocab mappings, p2p;
 - weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights;
-- the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply.
+- the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply;
+- speculative decoding (speculative/): a draft's acceptance, its steps in the same turns at the model.
+- text generation (generation.py) for the OpenAI-compatible endpoints, through the same scheduler.
 
 Requests name their session by id; failures are ServiceErrors (errors.py) that the HTTP layer maps to
 status codes.
@@ -17,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from .generation import GenerationService
 from .metrics import ServerMetrics
 from .model_host import ModelHost
 from .options import ServerOptions
@@ -25,6 +28,7 @@ from .pipeline import GeneratePipeline
 from .runners import TargetRunner
 from .session_endpoints import SessionEndpoints
 from .sessions import SessionTable
+from .speculative.evaluate import SpeculativeEvaluator
 from .weight_endpoints import WeightEndpoints
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,15 @@ class TargetService:
         self.clients = SessionEndpoints(self.model, self.sessions, self.p2p, options, metrics, self.stopped)
         self.weights = WeightEndpoints(self.model, self.sessions)
         self.pipeline = GeneratePipeline(self.model, self.sessions, self.p2p, options, metrics)
+        self.speculative = SpeculativeEvaluator(self.model, self.pipeline.turns, options)
+        self.generation = GenerationService(
+            self.model,
+            self.pipeline.turns,
+            options.generation,
+            options.max_batch_tokens,
+            options.max_priority,
+            metrics,
+        )
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend
+from .fleet_cycles import FleetCycles
 from .fleet_recipe import FleetRecipe
 from .fleet_target import FleetTarget, check_dtype
 from .peagle import RemotePEagleTarget
@@ -15,8 +16,9 @@ _nemo_recipe = nemo_module("recipes.llm.train_eagle3")
 _target = nemo_module("components.speculative.eagle.target")
 
 
-class TrainEagle3Recipe(FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
-    """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet."""
+class TrainEagle3Recipe(FleetCycles, FleetRecipe, _nemo_recipe.TrainEagle3Recipe):
+    """NeMo's EAGLE-3 recipe, unchanged but for where the target runs: the eagle3-target fleet (and, with
+    ``regen:`` or ``decode_eval:``, where those cycles run: fleet_cycles.py)."""
 
     prefetches_loaders = False  # NeMo's own prefetch loop (recipe_args.target_prefetch_depth)
     # opened only for P-EAGLE (parallel_drafting); EAGLE-3's own is NeMoTargetBackend, opened from the endpoints

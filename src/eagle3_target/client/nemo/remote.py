@@ -9,6 +9,7 @@ remote_target:
   seed: 42  # optional: seed torch before setup (NeMo's recipe, and ours without it, keep the caller's seed)
   prefetch_depth: 2  # the recipes whose loops ask per batch: how far ahead the loaders submit
   compact: true  # the families with a compact request: ask it instead of full-vocabulary logits
+  draft_root: /shared/drafts  # decode_eval: the servers' --draft-dir-root as mounted here (fleet_cycles.py)
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def compact_setting(value: Any) -> bool:
     return value
 
 
+def draft_root_setting(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"remote_target.draft_root={value!r}: a folder path, or leave it out")
+    return value
+
+
 @dataclass(frozen=True)
 class RemoteTargetSettings:
     endpoints: str | list[str]
@@ -71,6 +78,7 @@ class RemoteTargetSettings:
     seed: int | None = None
     prefetch_depth: int | None = None  # None: the fleet's capacity (servers x max_in_flight)
     compact: bool = False
+    draft_root: str | None = None
 
     @classmethod
     def parse(cls, section: dict[str, Any] | None) -> RemoteTargetSettings:
@@ -89,6 +97,7 @@ class RemoteTargetSettings:
             seed=seed_setting(options.pop("seed", None)),
             prefetch_depth=depth_setting(options.pop("prefetch_depth", None)),
             compact=compact_setting(options.pop("compact", False)),
+            draft_root=draft_root_setting(options.pop("draft_root", None)),
         )
         split_options(options)  # a misspelt option fails here too
         return cls(endpoints=endpoints, auth_token=token, client_options=options, **own)

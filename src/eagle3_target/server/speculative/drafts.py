@@ -1,0 +1,134 @@
+"""A draft checkpoint, found under --draft-dir-root and built with NeMo's own draft class.
+
+A path names either a checkpoint folder `train-draft` (NeMo's recipe) writes, epoch_E_step_S/ with its
+model/consolidated/{config.json, model.safetensors}, or the checkpoint dir holding such folders (the newest is
+taken), or the consolidated folder itself, as NeMo's serve_vllm.resolve_draft_artifacts accepts. The draft is
+built by NeMo's LlamaEagle3DraftModel from its config, so it has the one decoder layer its weights hold, whatever
+`num_hidden_layers` the config keeps from the target (docs/evaluate.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import Forbidden, InvalidInput, OutOfRange
+from ..runners import RunnerInfo
+
+log = logging.getLogger(__name__)
+
+EAGLE3_ARCHITECTURE = "LlamaEagle3DraftModel"  # what NeMo's EAGLE-3 recipe writes for its dense drafts
+WEIGHTS = "model.safetensors"
+_CHECKPOINT = re.compile(r"epoch_(\d+)_step_(\d+)")
+_SUBDIRS = (".", "model", "model/consolidated", "consolidated")
+
+
+@dataclass
+class Draft:
+    """A loaded EAGLE-3 draft, on the target's device and in its dtype."""
+
+    model: nn.Module  # NeMo's LlamaEagle3DraftModel
+    path: Path  # the consolidated folder it was read from
+    d2t: torch.Tensor | None  # draft id -> target id offset; None: the draft's vocabulary is the target's
+
+    @torch.inference_mode()
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+
+def resolve(root: Path | None, asked: object) -> Path:
+    """The consolidated folder ``asked`` names under ``root``; Forbidden without a root, InvalidInput otherwise."""
+    if root is None:
+        raise Forbidden(
+            "speculative_disabled", "this server reads no drafts: start it with --draft-dir-root DIR"
+        )
+    if not isinstance(asked, str) or not asked:
+        raise InvalidInput("invalid_draft", "'draft' must be a path under the server's --draft-dir-root")
+    base = root.resolve()
+    path = (base / asked).resolve()
+    if not path.is_relative_to(base):
+        raise Forbidden("draft_outside_root", f"draft {asked!r} is not under the server's --draft-dir-root")
+    if not path.is_dir():
+        raise InvalidInput(
+            "draft_not_found", f"no draft folder {asked!r} under the server's --draft-dir-root"
+        )
+    checkpoints = [
+        (tuple(map(int, m.groups())), p) for p in path.iterdir() if (m := _CHECKPOINT.fullmatch(p.name))
+    ]
+    if checkpoints:
+        path = max(checkpoints)[1]  # a checkpoint dir: its newest checkpoint
+    for sub in _SUBDIRS:
+        folder = path / sub
+        if (folder / "config.json").is_file() and (folder / WEIGHTS).is_file():
+            return folder
+    raise InvalidInput(
+        "draft_not_found",
+        f"draft {asked!r} holds no config.json and {WEIGHTS} (looked in {', '.join(_SUBDIRS)})",
+    )
+
+
+def load(folder: Path, info: RunnerInfo) -> Draft:
+    """Build the draft in ``folder`` for the target ``info`` describes; a draft for another target is refused."""
+    from nemo_automodel.components.speculative.eagle.draft_llama import LlamaEagle3DraftModel
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    architectures = getattr(config, "architectures", None) or []
+    if architectures != [EAGLE3_ARCHITECTURE] or getattr(config, "parallel_drafting", False):
+        raise InvalidInput(
+            "draft_not_supported",
+            f"the draft's architectures {architectures} are not an EAGLE-3 draft ({EAGLE3_ARCHITECTURE}, "
+            "no parallel drafting); see docs/evaluate.md for the families evaluated",
+        )
+    _check_fits(config, info)
+    model = LlamaEagle3DraftModel(config)
+    try:
+        model.load_state_dict(load_file(folder / WEIGHTS), strict=True)
+    except RuntimeError as exc:
+        raise InvalidInput("draft_weights_mismatch", str(exc).splitlines()[0][:300]) from None
+    model = model.to(device=info.device, dtype=info.dtype).eval().requires_grad_(False)
+    d2t = model.d2t if model.has_vocab_compression else None
+    log.info("draft %s loaded (vocab %d of %d)", folder, model.draft_vocab_size, info.vocab_size)
+    return Draft(model, folder, d2t)
+
+
+def _check_fits(config, info: RunnerInfo) -> None:
+    target_hidden = int(getattr(config, "target_hidden_size", config.hidden_size))
+    wants = {
+        "vocab_size": (int(config.vocab_size), info.vocab_size),
+        "hidden_size": (target_hidden, info.hidden_size),
+    }
+    for name, (draft, target) in wants.items():
+        if draft != target:
+            raise OutOfRange(
+                "draft_mismatch", f"the draft was trained for a target {name} {draft}, not {target}"
+            )
+    if len(info.aux_layer_ids) != 3:
+        raise OutOfRange(
+            "draft_mismatch", f"an EAGLE-3 draft reads 3 aux layers; this server has {info.aux_layer_ids}"
+        )
+
+
+class DraftCache:
+    """The last draft loaded, kept while its weights file is unchanged (an evaluation sends many requests)."""
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._draft: Draft | None = None
+        self._lock = threading.Lock()
+
+    def get(self, folder: Path, info: RunnerInfo) -> Draft:
+        stat = (folder / WEIGHTS).stat()
+        key = (folder, stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            if key != self._key:
+                self._draft, self._key = None, None
+                self._draft, self._key = load(folder, info), key
+            return self._draft
