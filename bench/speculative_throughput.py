@@ -4,11 +4,13 @@ Both go through POST /v1/speculative/evaluate: K = --k draft tokens per target s
 K = 0, the same server's greedy loop with a KV cache and no draft (the baseline), interleaved --repeats times;
 the result is the speculative/greedy ratio of tokens/s, both measured in this run, and the outputs must be equal
 (speculative decoding is lossless at temperature 0). The target is the embedded tiny Llama's shape, saved to a
-temporary folder; the draft is --draft (a checkpoint folder `train-draft` wrote for that target, e.g. from
-examples/nemo with the target's weights) or, by default, a NeMo EAGLE-3 draft with random weights, whose
-acceptance is near 1 token per step: then the ratio is the loop's overhead, not a draft's speed-up.
+temporary folder, with random prompts; the draft is a NeMo EAGLE-3 draft with random weights, whose acceptance
+is near 1 token per step: then the ratio is the loop's overhead, not a draft's speed-up. A trained draft is
+measured with --target (its target's folder), --draft (what `train-draft` wrote) and --data (a jsonl of
+`messages`, each prompt's trailing assistant turn dropped).
 
     python bench/speculative_throughput.py
+    python bench/speculative_throughput.py --target target --draft run/checkpoints --data conversations.jsonl
     python bench/speculative_throughput.py --smoke    # a seconds-long run at a small shape (the smoke test's)
 """
 
@@ -86,10 +88,20 @@ def hf_server(model_dir: Path, drafts: Path, threads: int) -> Iterator[str]:
         proc.wait(10)
 
 
-def evaluate(url: str, prompts: list[list[int]], k: int, max_tokens: int) -> tuple[float, dict]:
+def chat_prompts(path: Path, count: int) -> list[dict]:
+    """The first ``count`` rows' messages up to their last turn that is not the assistant's."""
+    prompts = []
+    for line in path.read_text().splitlines()[:count]:
+        messages = json.loads(line)["messages"]
+        while messages and messages[-1]["role"] == "assistant":
+            messages = messages[:-1]
+        prompts.append({"messages": messages})
+    return prompts
+
+
+def evaluate(url: str, prompts: list[dict], k: int, max_tokens: int) -> tuple[float, dict]:
     """Client-side seconds and the reply of one request with every prompt."""
-    body = {"draft": "draft", "num_speculative_tokens": k, "max_tokens": max_tokens}
-    body["prompts"] = [{"input_ids": p} for p in prompts]
+    body = {"draft": "draft", "num_speculative_tokens": k, "max_tokens": max_tokens, "prompts": prompts}
     request = urllib.request.Request(url + "/v1/speculative/evaluate", data=json.dumps(body).encode())
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=3600) as resp:
@@ -99,7 +111,13 @@ def evaluate(url: str, prompts: list[list[int]], k: int, max_tokens: int) -> tup
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--draft", type=Path, help="a draft checkpoint for the embedded target (default: random)")
+    p.add_argument(
+        "--target", type=Path, help="the target's folder (default: the embedded tiny Llama's shape)"
+    )
+    p.add_argument(
+        "--draft", type=Path, help="a draft checkpoint (dir) for --target (default: random weights)"
+    )
+    p.add_argument("--data", type=Path, help="a jsonl of messages to prompt with (default: random token ids)")
     p.add_argument("--k", type=int, default=3, help="draft tokens per target step")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -115,11 +133,13 @@ def main() -> None:
     prompts = torch.randint(
         0, model.config.vocab_size, (args.prompts, args.prompt_tokens), generator=gen
     ).tolist()
-    print(f"torch {torch.__version__}, server threads {args.threads}; {args.prompts} prompts of "
-          f"{args.prompt_tokens} tokens, {args.max_tokens} new tokens each, K={args.k}")  # fmt: skip
+    source = f"from {args.data}" if args.data else f"of {args.prompt_tokens} random tokens"
+    print(f"torch {torch.__version__}, server threads {args.threads}; {len(prompts)} prompts {source}, "
+          f"{args.max_tokens} new tokens each, K={args.k}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        target, drafts = Path(tmp) / "target", Path(tmp) / "drafts"
-        model.save_pretrained(target)
+        target, drafts = args.target or Path(tmp) / "target", Path(tmp) / "drafts"
+        if args.target is None:
+            model.save_pretrained(target)
         if args.draft is None:
             random_draft(target, drafts / "draft")
         else:
