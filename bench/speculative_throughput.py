@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,8 +105,11 @@ def evaluate(url: str, prompts: list[dict], k: int, max_tokens: int) -> tuple[fl
     body = {"draft": "draft", "num_speculative_tokens": k, "max_tokens": max_tokens, "prompts": prompts}
     request = urllib.request.Request(url + "/v1/speculative/evaluate", data=json.dumps(body).encode())
     start = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=3600) as resp:
-        reply = json.loads(resp.read())
+    try:
+        with urllib.request.urlopen(request, timeout=3600) as resp:
+            reply = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise SystemExit(f"the server refused: HTTP {exc.code} {exc.read().decode()}") from None
     return time.perf_counter() - start, reply
 
 

@@ -34,7 +34,9 @@ def lab(tmp_path_factory):
     make_data.write_conversations(root / "chats.jsonl", words, 3, seed=5)
     checkpoints = root / "drafts" / "run" / "checkpoints"
     write_draft(root / "target", checkpoints / "epoch_0_step_2", seed=1)
-    write_draft(root / "target", checkpoints / "epoch_0_step_4", seed=0)  # the newest: the one evaluated
+    write_draft(
+        root / "target", checkpoints / "epoch_0_step_4", seed=0, sharded=True
+    )  # the newest: the one evaluated
     write_draft(root / "target", root / "drafts" / "wide", target_hidden_size=32)
     server = TargetProcess(
         "127.0.0.1",
@@ -44,7 +46,7 @@ def lab(tmp_path_factory):
         str(root / "target"),
         "--draft-dir-root",
         str(root / "drafts"),
-    ).wait_ready()
+    ).wait_ready(timeout=300)
     model = AutoModelForCausalLM.from_pretrained(root / "target", dtype=torch.float32).eval()
     try:
         yield root, server, model
