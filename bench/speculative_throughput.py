@@ -134,9 +134,10 @@ def main() -> None:
         args.prompts, args.prompt_tokens, args.max_tokens, args.repeats = 2, 16, 8, 1
     model = build_tiny_llama(seed=1)
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(
+    ids = torch.randint(
         0, model.config.vocab_size, (args.prompts, args.prompt_tokens), generator=gen
     ).tolist()
+    prompts = chat_prompts(args.data, args.prompts) if args.data else [{"input_ids": p} for p in ids]
     source = f"from {args.data}" if args.data else f"of {args.prompt_tokens} random tokens"
     print(f"torch {torch.__version__}, server threads {args.threads}; {len(prompts)} prompts {source}, "
           f"{args.max_tokens} new tokens each, K={args.k}")  # fmt: skip
