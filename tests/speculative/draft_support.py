@@ -4,17 +4,21 @@ tokens to compare with."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from nemo_automodel.components.speculative.decode_eval import export_draft_snapshot
 from nemo_automodel.components.speculative.eagle.draft_llama import LlamaEagle3DraftModel
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 
-def write_draft(target: Path, checkpoint: Path, seed: int = 0, **overrides) -> Path:
+def write_draft(target: Path, checkpoint: Path, seed: int = 0, sharded: bool = False, **overrides) -> Path:
     """A draft for ``target`` at ``checkpoint`` (an epoch_E_step_S folder), configured as NeMo's EAGLE-3 recipe
-    configures one: the target's config plus the draft's fields; ``overrides`` change any of them."""
+    configures one: the target's config plus the draft's fields; ``overrides`` change any of them. Saved as
+    decode_eval's snapshot (one model.safetensors) or, ``sharded``, as the recipe's final checkpoint (an index
+    and its shard files)."""
     base = AutoConfig.from_pretrained(target)
     config = base.to_dict()
     nemo = {
@@ -28,7 +32,19 @@ def write_draft(target: Path, checkpoint: Path, seed: int = 0, **overrides) -> P
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = LlamaEagle3DraftModel(type(base).from_dict(config))
-    export_draft_snapshot(draft, str(checkpoint))
+    folder = Path(export_draft_snapshot(draft, str(checkpoint)))
+    if sharded:
+        tensors = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        names = sorted(tensors)
+        shards = {
+            "model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2],
+        }
+        for shard, keys in shards.items():
+            save_file({k: tensors[k] for k in keys}, folder / shard)
+        index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     return checkpoint
 
 

@@ -34,7 +34,9 @@ def lab(tmp_path_factory):
     make_data.write_conversations(root / "chats.jsonl", words, 3, seed=5)
     checkpoints = root / "drafts" / "run" / "checkpoints"
     write_draft(root / "target", checkpoints / "epoch_0_step_2", seed=1)
-    write_draft(root / "target", checkpoints / "epoch_0_step_4", seed=0)  # the newest: the one evaluated
+    write_draft(
+        root / "target", checkpoints / "epoch_0_step_4", seed=0, sharded=True
+    )  # the newest: the one evaluated
     write_draft(root / "target", root / "drafts" / "wide", target_hidden_size=32)
     server = TargetProcess(
         "127.0.0.1",
@@ -44,7 +46,7 @@ def lab(tmp_path_factory):
         str(root / "target"),
         "--draft-dir-root",
         str(root / "drafts"),
-    ).wait_ready()
+    ).wait_ready(timeout=300)
     model = AutoModelForCausalLM.from_pretrained(root / "target", dtype=torch.float32).eval()
     try:
         yield root, server, model
@@ -132,26 +134,25 @@ def test_evaluate_command_reports_acceptance_and_the_greedy_tokens(lab, tmp_path
     assert report["output_ids"] == expected
 
 
+ASK = {"draft": "run/checkpoints", "num_speculative_tokens": 2}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "error"),
     [
         (b"{not json", 400, "invalid_json"),
-        ({"draft": "nowhere", "num_speculative_tokens": 2}, 400, "draft_not_found"),
-        ({"draft": "../target", "num_speculative_tokens": 2}, 403, "draft_outside_root"),
-        ({"draft": "wide", "num_speculative_tokens": 2}, 422, "draft_mismatch"),
-        ({"draft": "run/checkpoints", "num_speculative_tokens": 10**6}, 413, "invalid_field"),
-        ({"draft": "run/checkpoints", "num_speculative_tokens": "3"}, 400, "invalid_field"),
-        ({"draft": "run/checkpoints", "num_speculative_tokens": 2, "max_tokens": 0}, 400, "invalid_field"),
-        (
-            {"draft": "run/checkpoints", "num_speculative_tokens": 2, "prompts": [{"input_ids": [10**6]}]},
-            422,
-            "token_out_of_range",
-        ),  # fmt: skip
-        (
-            {"draft": "run/checkpoints", "num_speculative_tokens": 2, "prompts": [{"text": "hi"}]},
-            400,
-            "invalid_prompt",
-        ),
+        ({**ASK, "draft": "nowhere"}, 400, "draft_not_found"),
+        ({**ASK, "draft": "../target"}, 403, "draft_outside_root"),
+        ({**ASK, "draft": "wide"}, 422, "draft_mismatch"),
+        ({**ASK, "num_speculative_tokens": 10**6}, 413, "invalid_field"),
+        ({**ASK, "num_speculative_tokens": "3"}, 400, "invalid_field"),
+        ({**ASK, "max_tokens": 0}, 400, "invalid_field"),
+        ({**ASK, "max_tokens": 8000}, 413, "invalid_field"),
+        ({**ASK, "prompts": [{"input_ids": [10**6]}]}, 422, "token_out_of_range"),
+        ({**ASK, "prompts": [{"text": "hi"}]}, 400, "invalid_prompt"),
+        ({**ASK, "prompts": []}, 400, "invalid_field"),
+        ({**ASK, "priority": 5}, 400, "invalid_field"),
+        ({**ASK, "priority": "high"}, 403, "priority_not_allowed"),
     ],
 )
 def test_bad_requests_get_one_line_errors(lab, body, status, error):

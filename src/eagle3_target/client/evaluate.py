@@ -89,13 +89,16 @@ async def evaluate(
     start = time.perf_counter()
     async with new_session(headers=headers, timeout=aiohttp.ClientTimeout(total=None)) as http:
         for messages in prompts:
+            status = 0
             body = {**request, "prompts": [{"messages": messages}]}
             try:
                 async with http.post(url + contract.SPECULATIVE_EVALUATE, json=body) as resp:
-                    reply = await resp.json(content_type=None)
                     status = resp.status
-            except (aiohttp.ClientError, ValueError) as exc:
+                    reply = await resp.json(content_type=None)
+            except aiohttp.ClientError as exc:
                 raise CommandError(f"{url}: {type(exc).__name__}: {exc}"[:300], Exit.UNREACHABLE) from None
+            except ValueError:
+                raise CommandError(f"{url}: HTTP {status}, a reply that is not JSON", Exit.FAILED) from None
             if status != 200:
                 raise CommandError(f"{url} refused: HTTP {status} {_said(reply)}", _exit_for(status))
             results.extend(reply["results"])

@@ -1,7 +1,7 @@
 """A draft checkpoint, found under --draft-dir-root and built with NeMo's own draft class.
 
 A path names either a checkpoint folder `train-draft` (NeMo's recipe) writes, epoch_E_step_S/ with its
-model/consolidated/{config.json, model.safetensors}, or the checkpoint dir holding such folders (the newest is
+model/consolidated/{config.json, model.safetensors.index.json and its shards}, or the checkpoint dir holding such folders (the newest is
 taken), or the consolidated folder itself, as NeMo's serve_vllm.resolve_draft_artifacts accepts. The draft is
 built by NeMo's LlamaEagle3DraftModel from its config, so it has the one decoder layer its weights hold, whatever
 `num_hidden_layers` the config keeps from the target (docs/evaluate.md).
@@ -9,6 +9,7 @@ built by NeMo's LlamaEagle3DraftModel from its config, so it has the one decoder
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 EAGLE3_ARCHITECTURE = "LlamaEagle3DraftModel"  # what NeMo's EAGLE-3 recipe writes for its dense drafts
 WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"  # NeMo's consolidated checkpoint: shards named by this index
 _CHECKPOINT = re.compile(r"epoch_(\d+)_step_(\d+)")
 _SUBDIRS = (".", "model", "model/consolidated", "consolidated")
 
@@ -65,12 +67,24 @@ def resolve(root: Path | None, asked: object) -> Path:
         path = max(checkpoints)[1]  # a checkpoint dir: its newest checkpoint
     for sub in _SUBDIRS:
         folder = path / sub
-        if (folder / "config.json").is_file() and (folder / WEIGHTS).is_file():
+        if (folder / "config.json").is_file() and weight_files(folder):
             return folder
     raise InvalidInput(
         "draft_not_found",
-        f"draft {asked!r} holds no config.json and {WEIGHTS} (looked in {', '.join(_SUBDIRS)})",
+        f"draft {asked!r} holds no config.json with {WEIGHTS} or {INDEX} (looked in {', '.join(_SUBDIRS)})",
     )
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a draft: the one file, or the shards its index names (all present)."""
+    if (folder / WEIGHTS).is_file():
+        return [folder / WEIGHTS]
+    try:
+        names = json.loads((folder / INDEX).read_text())["weight_map"].values()
+        shards = sorted({folder / name for name in names})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return shards if shards and all(f.is_file() and f.parent == folder for f in shards) else []
 
 
 def load(folder: Path, info: RunnerInfo) -> Draft:
@@ -90,7 +104,9 @@ def load(folder: Path, info: RunnerInfo) -> Draft:
     _check_fits(config, info)
     model = LlamaEagle3DraftModel(config)
     try:
-        model.load_state_dict(load_file(folder / WEIGHTS), strict=True)
+        model.load_state_dict(
+            {k: v for f in weight_files(folder) for k, v in load_file(f).items()}, strict=True
+        )
     except RuntimeError as exc:
         raise InvalidInput("draft_weights_mismatch", str(exc).splitlines()[0][:300]) from None
     model = model.to(device=info.device, dtype=info.dtype).eval().requires_grad_(False)
@@ -125,8 +141,7 @@ class DraftCache:
         self._lock = threading.Lock()
 
     def get(self, folder: Path, info: RunnerInfo) -> Draft:
-        stat = (folder / WEIGHTS).stat()
-        key = (folder, stat.st_mtime_ns, stat.st_size)
+        key = (folder, *((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in weight_files(folder)))
         with self._lock:
             if key != self._key:
                 self._draft, self._key = None, None

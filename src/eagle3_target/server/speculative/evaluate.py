@@ -41,7 +41,10 @@ class SpeculativeEvaluator:
         # K = 0 is plain greedy decoding through the same loop: the baseline, which needs no draft
         folder = drafts.resolve(self.root, asked.get("draft")) if k or "draft" in asked else None
         max_tokens = _int(asked, "max_tokens", 1, MAX_TOKENS)
-        priority = priority_class(asked.get("priority") or DEFAULT_PRIORITY, self.options.max_priority)
+        priority = asked.get("priority", DEFAULT_PRIORITY)
+        if not isinstance(priority, str):
+            raise InvalidInput("invalid_field", "'priority' must be one of low, normal, high")
+        priority = priority_class(priority, self.options.max_priority)
         _check_engine(runner)
         prompts = [await self._prompt(runner, p, max_tokens + k) for p in _prompts(asked)]
         draft = await asyncio.to_thread(self.drafts.get, folder, runner.info) if folder else None
