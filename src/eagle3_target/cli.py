@@ -33,6 +33,11 @@ COMMANDS = {
         "client",
     ),
     "bench": ("eagle3_target.client.cli_bench", "measure client throughput with synthetic batches", "client"),
+    "refresh": (
+        "eagle3_target.client.cli_refresh",
+        "refresh every target replica to new weights in place, a few at a time",
+        "client",
+    ),
     "train-draft": (
         "eagle3_target.client.cli_train_draft",
         "train an EAGLE-3 draft with NeMo's recipe against the target fleet",

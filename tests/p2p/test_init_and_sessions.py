@@ -126,6 +126,8 @@ async def test_named_port_handshake_sequence_numbers_and_mismatch():
                 assert resp.headers[contract.NCCL_HEADER] == "1" and resp.headers[
                     contract.SEQUENCE_HEADER
                 ] == str(seq)
+                # The p2p reply names the weights' version as the wire one does (a synthetic runner's: config-)
+                assert resp.headers[contract.TARGET_VERSION_HEADER].startswith("config-")
                 metadata = decode_metadata(await resp.read())
             assert list(metadata) == list(contract.SUPERVISION_KEYS)
             tensors = await asyncio.to_thread(group.recv, metadata, seq, 5.0)

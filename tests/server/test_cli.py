@@ -202,6 +202,13 @@ def test_an_unreadable_auth_token_file_is_refused(tmp_path):
     assert str(tmp_path / "missing") in line and "cannot read it" in line
 
 
+def test_an_empty_admin_token_file_is_refused_naming_its_flag(tmp_path):
+    token = tmp_path / "admin"
+    token.write_text("\n")
+    line = refused("--admin-token-file", str(token))
+    assert line.startswith("eagle3-target serve: error: --admin-token-file ") and "is empty" in line
+
+
 def test_serving_beyond_loopback_without_auth_warns():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "eagle3_target.cli", "serve", "--engine", "synthetic", "--host", "0.0.0.0"]

@@ -30,6 +30,8 @@ WEIGHTS = "weights"  # /weights/<name>: a whole weight a trainer fetches once (f
 SPECULATIVE_EVALUATE = (
     "/v1/speculative/evaluate"  # a draft's acceptance by speculative decoding (docs/evaluate.md)
 )
+# /weights/refresh: new weights served in place, for the holder of the admin token (--admin-token-file)
+REFRESH = "weights/refresh"
 
 # What Kubernetes probes: /health answers 200 once the model is loaded (startup and readiness),
 # /livez 200 while the process serves at all (liveness: a slow load is not a dead process).
@@ -67,6 +69,8 @@ SEQUENCE_HEADER = "X-Eagle3-Seq"
 ENCODING_HEADER = "X-Eagle3-Encoding"
 # Our extension: a feature request on /generate (features.py), echoed on its reply.
 FEATURES_HEADER = "X-Eagle3-Features"
+# Our extension: the version of the target weights that computed a /generate reply (model_info.target_version).
+TARGET_VERSION_HEADER = "X-Eagle3-Target-Version"
 # Our extension: the priority class of a /generate (low, normal, high), its share while sessions wait.
 PRIORITY_HEADER = "X-Eagle3-Priority"
 # Its classes and their weights: "high" gets twice the model's tokens of "normal" while both wait, "low" half.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -37,6 +38,21 @@ def config_digest(config: Mapping[str, Any]) -> str:
 
 class ModelInfoError(ValueError):
     """A /model_info document that is not one."""
+
+
+# A target version: a start-up digest ("sha256-" and 16 hex digits) or the label a refresh gave. It travels in
+# a header and a Prometheus label, so it is short printable ASCII without spaces.
+TARGET_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+/-]{0,127}")
+
+
+def check_target_version(label: object) -> str:
+    """``label`` if it can name a target version; ValueError saying what one looks like otherwise."""
+    if not isinstance(label, str) or not TARGET_VERSION.fullmatch(label):
+        raise ValueError(
+            f"a target version is 1 to 128 characters of letters, digits and ._:+/- starting with a letter or "
+            f"digit, not {label!r:.80}"
+        )
+    return label
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -74,6 +90,8 @@ class ModelInfo:
     request_binding: str | None = None  # "sha256": /generate replies echo our request id (binding.py)
     # How the replica is split (PARALLEL_KEYS); {} for one device, so a stock NeMo client sees nothing new
     parallel: Mapping[str, int] = field(default_factory=dict)
+    # The weights served now: their digest at start-up, the label of the latest refresh after one
+    target_version: str | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> ModelInfo:
@@ -108,7 +126,11 @@ class ModelInfo:
             for name in ("model", "engine", "dtype", "config_digest", "request_binding"):
                 if name in values:
                     values[name] = str(values[name])[:MAX_TEXT]
-        except TypeError as exc:
+            if "target_version" in values:
+                values["target_version"] = check_target_version(values["target_version"])
+        except ModelInfoError:
+            raise
+        except (TypeError, ValueError) as exc:  # ValueError: a target_version no version looks like
             raise ModelInfoError(f"/model_info has a malformed field: {exc}") from None
         _check_ranges(values)
         return cls(**values)

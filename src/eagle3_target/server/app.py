@@ -67,6 +67,9 @@ class TargetServer:
             contract.LM_HEAD: (web.post, self.lm_head),
         }
         app.add_routes([method("/" + name, handler, name=name) for name, (method, handler) in routes.items()])
+        app.router.add_post(
+            "/" + contract.REFRESH, self.refresh_weights, name="refresh"
+        )  # before /weights/{name}
         app.router.add_post(f"/{contract.WEIGHTS}/{{name}}", self.weight, name=contract.WEIGHTS)
         app.router.add_post(
             contract.SPECULATIVE_EVALUATE, self.speculative_evaluate, name="speculative_evaluate"
@@ -166,6 +169,10 @@ class TargetServer:
     async def weight(self, request: web.Request) -> web.StreamResponse:
         tensor = await self.service.weights.weight(_session_id(request), request.match_info["name"])
         return await self.stream_blob(request, EncodedBlob({"weight": tensor}))
+
+    async def refresh_weights(self, request: web.Request) -> web.Response:
+        version = await self.service.refresh.refresh(request.headers, await request.read())
+        return web.json_response({"version": version})
 
     async def init_nccl(self, request: web.Request) -> web.Response:
         # The store binds the address this request reached: our pod address, never a wildcard.

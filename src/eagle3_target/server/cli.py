@@ -76,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="require 'Authorization: Bearer <token>' with the token in this file (default: no auth)",
     )
+    auth.add_argument(
+        "--admin-token-file",
+        type=Path,
+        help="enable POST /weights/refresh for 'Authorization: Bearer <token>' with the token in this file, "
+        "kept from trainers (default: refresh refused)",
+    )
     _engine_arguments(p.add_argument_group("engine-specific"))
 
 

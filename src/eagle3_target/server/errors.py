@@ -50,6 +50,10 @@ class Forbidden(ServiceError):
     """A request this server's security settings refuse (NeMo's unauthenticated p2p mode, say)."""
 
 
+class Unauthorized(ServiceError):
+    """A request without the credentials its endpoint needs (the admin token of /weights/refresh)."""
+
+
 class TooManySessions(ServiceError):
     """A new session past --max-sessions; live sessions keep working, a new one should retry later."""
 

@@ -76,6 +76,7 @@ class ServerMetrics:
         self.ready = Gauge("eagle3_target_ready", "1 once the model is loaded and warmed, else 0", registry=r)
         self.build = Info("eagle3_target_build", "Versions this server runs", registry=r)
         self.model = Info("eagle3_target_model", "The target model this server serves", registry=r)
+        self._version_metrics(r)
         self.build.info(
             {"version": __version__, "torch": torch.__version__, "python": platform.python_version()}
         )
@@ -128,6 +129,23 @@ class ServerMetrics:
         for finish in ("stop", "length", "abort"):
             self.generations.labels(finish)
 
+    def _version_metrics(self, r: CollectorRegistry) -> None:
+        """The weights served now and the refreshes that changed them (refresh.py)."""
+        self.target_version = Info(
+            "eagle3_target_target_version", "The version of the target weights served now", registry=r
+        )
+        self.refreshes = Counter(
+            "eagle3_target_weight_refreshes_total",
+            "POST /weights/refresh by outcome: served (the new weights serve) or refused",
+            ["outcome"],
+            registry=r,
+        )
+        self.refresh_seconds = Gauge(
+            "eagle3_target_weight_refresh_seconds", "Time the latest served refresh took", registry=r
+        )
+        for outcome in ("served", "refused"):
+            self.refreshes.labels(outcome)
+
     def loaded(self, info: RunnerInfo, seconds: float) -> None:
         """The model is loaded and warmed: its identity as labels (lists comma-joined), ready = 1."""
         labels = {
@@ -138,3 +156,7 @@ class ServerMetrics:
         self.model.info(labels)
         self.model_load_seconds.set(seconds)
         self.ready.set(1)
+
+    def serving(self, version: str) -> None:
+        """The weights served now, as eagle3_target_target_version_info{version=...} 1."""
+        self.target_version.info({"version": version})

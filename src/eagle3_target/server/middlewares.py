@@ -26,6 +26,7 @@ STATUS: dict[type[errors.ServiceError], int] = {
     errors.ServiceError: 400,
     errors.InvalidInput: 400,
     errors.NotFound: 404,
+    errors.Unauthorized: 401,
     errors.Forbidden: 403,
     errors.NoVocabMapping: 409,
     errors.TooLarge: 413,
@@ -39,6 +40,8 @@ CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connec
 # Set on a request whose client hung up mid-response.
 CLIENT_CLOSED_KEY = web.RequestKey("eagle3_target.client_closed", bool)
 OPEN_PATHS = {"/" + contract.LIVEZ, "/" + contract.READYZ, "/" + contract.HEALTH, "/" + contract.METRICS}
+# Paths with credentials of their own, checked by the service (the admin token of refresh.py), not the trainers'
+ADMIN_PATHS = {"/" + contract.REFRESH}
 
 
 class InFlight:
@@ -131,7 +134,7 @@ async def json_errors(request: web.Request, handler):
 def authenticate(token: str | None):
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if token and request.path not in OPEN_PATHS:
+        if token and request.path not in OPEN_PATHS and request.path not in ADMIN_PATHS:
             given = request.headers.get("Authorization", "")
             # aiohttp keeps non-UTF-8 header bytes as surrogates: encode them back, never raise.
             given = given.encode("utf-8", "surrogateescape")

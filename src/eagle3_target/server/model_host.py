@@ -17,6 +17,7 @@ from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from .errors import InvalidInput, NotReady
 from .metrics import ServerMetrics
 from .runners import HiddenStateRunner, TargetRunner
+from .versions import start_version
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ class ModelHost:
     def __init__(self, loader: Callable[[], TargetRunner], metrics: ServerMetrics):
         self.loader, self.metrics = loader, metrics
         self.runner: TargetRunner | None = None
+        # The served weights' version: changed on the model thread only, in the same call as the weights
+        # (refresh.py), so a forward reads the version of the weights it ran on
+        self.version: str | None = None
         self.load_error: BaseException | None = None
         self.loaded_at = 0  # Unix time the model became ready (OpenAI's model "created")
         self.draining = False  # SIGTERM: finish what is in flight, take nothing new
@@ -41,6 +45,7 @@ class ModelHost:
             runner = await self.call(self.loader)
             _check_capabilities(runner)
             await self.call(_warm_up, runner)
+            self.version = await self.call(start_version, runner)
         except Exception as exc:
             log.exception("loading the target model failed")
             self.load_error = exc
@@ -49,8 +54,10 @@ class ModelHost:
         elapsed = time.perf_counter() - start
         info = runner.info
         self.metrics.loaded(info, elapsed)
+        self.metrics.serving(self.version)
         log.info(
-            "ready: %s (%s, %d layers, hidden %d, vocab %d, aux layers %s, %s on %s) loaded and warmed in %.1fs",
+            "ready: %s (%s, %d layers, hidden %d, vocab %d, aux layers %s, %s on %s, version %s) loaded and "
+            "warmed in %.1fs",
             info.model,
             info.engine,
             info.num_hidden_layers,
@@ -59,6 +66,7 @@ class ModelHost:
             info.aux_layer_ids,
             info.dtype,
             info.device,
+            self.version,
             elapsed,
         )
         return True

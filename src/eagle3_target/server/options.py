@@ -48,6 +48,7 @@ class ServerOptions:
     overlap_host_copy: bool = True
     exit_on_disconnect: bool = False
     auth_token: str | None = None
+    admin_token: str | None = None  # enables POST /weights/refresh for its holder alone (refresh.py)
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
@@ -77,6 +78,7 @@ class ServerOptions:
             max_priority=args.max_priority,
             exit_on_disconnect=args.exit_on_disconnect,
             auth_token=read_token(args.auth_token_file),
+            admin_token=read_token(args.admin_token_file, "--admin-token-file"),
             keepalive_timeout=args.keepalive_timeout,
             drain_timeout=args.drain_timeout,
             write_timeout=args.write_timeout,
@@ -86,8 +88,8 @@ class ServerOptions:
         )
 
 
-def read_token(path: Path | None) -> str | None:
+def read_token(path: Path | None, flag: str = "--auth-token-file") -> str | None:
     try:
         return None if path is None else read_token_file(path)
     except TokenFileError as exc:
-        raise UsageError(f"--auth-token-file {exc}") from None
+        raise UsageError(f"{flag} {exc}") from None

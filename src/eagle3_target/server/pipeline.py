@@ -57,12 +57,15 @@ class Answer:
     timings: dict[str, float]  # seconds per phase, for Server-Timing and the phase histogram
     transfer: Transfer | None  # set: deliver over p2p after the metadata; None: over the wire
     features: Features | None = None
+    version: str | None = None  # of the weights the forward ran on
 
     def headers(self) -> dict[str, str]:
-        """The reply's echo of what it carries: the features requested, else the encoding."""
+        """The reply's echo of what it carries (the features requested, else the encoding) and the version
+        of the weights that computed it."""
+        version = {contract.TARGET_VERSION_HEADER: self.version} if self.version else {}
         if self.features is not None:
-            return {contract.FEATURES_HEADER: self.features.to_header()}
-        return {contract.ENCODING_HEADER: self.encoding}
+            return {contract.FEATURES_HEADER: self.features.to_header(), **version}
+        return {contract.ENCODING_HEADER: self.encoding, **version}
 
 
 @dataclass
@@ -77,6 +80,7 @@ class _Job:
     priority: str = DEFAULT_PRIORITY
     timings: dict[str, float] = field(default_factory=dict)
     features: Features | None = None  # a feature request instead of an encoding
+    version: str | None = None  # of the weights the forward runs on, read on the model thread
 
 
 class GeneratePipeline:
@@ -129,12 +133,18 @@ class GeneratePipeline:
         copier = self.copier if transfer is None else None  # the p2p path sends from the device
         work = _supervise if job.features is None else _capture
         async with self.turns.turn(job.session, tokens, job.priority):
-            supervision = await self.model.call(work, job, copier)
+            supervision = await self.model.call(self._versioned, work, job, copier)
             if isinstance(supervision, PendingCopy) and not self.options.overlap_host_copy:
                 supervision = await _arrived(supervision, job.timings)
         if isinstance(supervision, PendingCopy):  # the next request's forward runs meanwhile
             supervision = await _arrived(supervision, job.timings)
-        return Answer(supervision, job.encoding, tokens, job.timings, transfer, job.features)
+        return Answer(supervision, job.encoding, tokens, job.timings, transfer, job.features, job.version)
+
+    def _versioned(self, work, job: _Job, copier: HostCopier | None):
+        """On the model thread: ``work`` and the version of the weights it runs on (a refresh swaps both
+        between two such calls, never during one)."""
+        job.version = self.model.version
+        return work(job, copier)
 
     def delivered(self, answer: Answer, path: str, nbytes: int) -> None:
         """Count a delivered answer: its phases, its tokens, its bytes by path (wire or p2p)."""

@@ -3,9 +3,9 @@
 - lifetime (here and model_host.py): load and warm the runner in the background, expire sessions, watch
   the p2p groups, drain, stop, release;
 - sessions and vocabulary (session_endpoints.py): heartbeat, disconnect, model info, vocab mappings, p2p;
-- weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights;
+- weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights; new ones in place (refresh.py);
 - the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply;
-- speculative decoding (speculative/): a draft's acceptance, its steps in the same turns at the model.
+- speculative decoding (speculative/): a draft's acceptance, its steps in the same turns at the model;
 - text generation (generation.py) for the OpenAI-compatible endpoints, through the same scheduler.
 
 Requests name their session by id; failures are ServiceErrors (errors.py) that the HTTP layer maps to
@@ -25,6 +25,7 @@ from .model_host import ModelHost
 from .options import ServerOptions
 from .p2p.groups import P2PGroups
 from .pipeline import GeneratePipeline
+from .refresh import WeightRefresh
 from .runners import TargetRunner
 from .session_endpoints import SessionEndpoints
 from .sessions import SessionTable
@@ -48,6 +49,7 @@ class TargetService:
         self.sessions.on_end(self.p2p.end_session)
         self.clients = SessionEndpoints(self.model, self.sessions, self.p2p, options, metrics, self.stopped)
         self.weights = WeightEndpoints(self.model, self.sessions)
+        self.refresh = WeightRefresh(self.model, metrics, options.admin_token)
         self.pipeline = GeneratePipeline(self.model, self.sessions, self.p2p, options, metrics)
         self.speculative = SpeculativeEvaluator(self.model, self.pipeline.turns, options)
         self.generation = GenerationService(

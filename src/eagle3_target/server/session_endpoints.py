@@ -59,6 +59,7 @@ class SessionEndpoints:
             nccl_port=self.options.p2p.port,
             p2p=self.p2p.info(runner.info.device),
             request_binding=binding.SCHEME,
+            target_version=self.model.version,
         )
 
     async def set_vocab_mapping(self, session_id: str, body: bytearray) -> None:

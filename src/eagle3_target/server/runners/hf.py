@@ -32,6 +32,7 @@ from .base import (
 from .hf_generate import HFDecoding, eos_token_ids
 from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
 from .hooks import Stop, keep, keep_input
+from .hf_weights import checkpoint_tensors, copy_into
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,14 @@ class HFRunner(FinalHiddenRunner):
         if name == WEIGHT_FINAL_NORM:
             return self._norm.weight.detach()
         return self.input_embeddings()
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The served weights by checkpoint name (views, not copies): what a refresh replaces."""
+        return checkpoint_tensors(self.model)
+
+    def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """In place, on the model thread between forwards: ``tensors`` are checked against named_weights."""
+        copy_into(self.named_weights(), tensors)
 
     def close(self) -> None:
         self.model = None
