@@ -31,8 +31,8 @@ from .base import (
 )
 from .hf_generate import HFDecoding, eos_token_ids
 from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
-from .hooks import Stop, keep, keep_input
 from .hf_weights import checkpoint_tensors, copy_into
+from .hooks import Stop, keep, keep_input
 from .packing import block_causal_mask
 
 log = logging.getLogger(__name__)
