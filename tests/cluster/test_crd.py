@@ -107,6 +107,14 @@ LONGEST = "x" * builders.MAX_NAME_LENGTH
         ("llama", {"dtype": "int8"}, 'spec.dtype: Unsupported value: "int8"'),
         ("llama", {"gpusPerReplica": 17}, "spec.gpusPerReplica: Invalid value: 17"),
         ("llama", {"model": ""}, "spec.model: Invalid value"),
+        ("llama", {"generation": {"enabled": False}}, None),
+        ("llama", {"generation": {"maxTokens": 4096}}, None),
+        (
+            "llama",
+            {"generation": {"enabled": False, "maxTokens": 10}},
+            "generation.maxTokens needs generation.enabled true",
+        ),
+        ("llama", {"generation": {"maxTokens": 0}}, "spec.generation.maxTokens: Invalid value: 0"),
     ],
 )
 def test_the_server_refuses_what_cannot_work_with_the_projects_message(

@@ -102,6 +102,7 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
         args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
     if spec.auth_secret_name:
         args += ["--auth-token-file", f"{TOKEN_DIR}/token"]
+    args += spec.generation.server_args()
     # every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size (groups.default_split)
     return args + groups.split_args(spec, groups.TENSOR_FLAG) + list(spec.args)
 

@@ -9,6 +9,7 @@ from typing import Any
 from eagle3_target.protocol.contract import DEFAULT_PORT
 
 from .disruption import Disruption
+from .generation import Generation
 
 # Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
 ROLLOUT_FIELDS = frozenset(
@@ -114,10 +115,10 @@ class TargetSpec:
     disruption: Disruption = Disruption()
     node_failure_tolerance_seconds: int = 60  # a replica is cheap to move and slow to wait for
     tolerate_gpu_taint: bool = True
-    nodes_per_replica: int = (
-        1  # K > 1: each replica is a group of K pods on K nodes (one leader, K-1 workers)
-    )
+    # K > 1: each replica is a group of K pods on K nodes (one leader, K-1 workers)
+    nodes_per_replica: int = 1
     group_schedule_timeout_seconds: int = 600
+    generation: Generation = Generation()
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -185,6 +186,7 @@ class TargetSpec:
             tolerate_gpu_taint=bool(spec.get("tolerateGpuTaint", True)),
             nodes_per_replica=int(spec.get("nodesPerReplica", 1)),
             group_schedule_timeout_seconds=int(spec.get("groupScheduleTimeoutSeconds", 600)),
+            generation=Generation.parse(spec.get("generation")),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:
@@ -216,7 +218,7 @@ class TargetSpec:
             errors.append("gpusPerReplica must not be negative")
         if self.node_failure_tolerance_seconds < 0:
             errors.append("nodeFailureToleranceSeconds must not be negative")
-        errors += self.disruption.problems(self.replicas)
+        errors += self.disruption.problems(self.replicas) + self.generation.problems()
         errors += self._group_problems()
         if self.aux_layer_ids is not None:
             if len(self.aux_layer_ids) != 3:
