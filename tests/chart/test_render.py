@@ -201,6 +201,7 @@ def test_values_reach_the_eagle3target(renders):
     assert spec["gpuResourceName"] == "amd.com/gpu" and spec["shmSize"] == "16Gi"
     assert spec["hfTokenSecret"] == {"name": "hf-token"}
     assert spec["generation"] == {"enabled": True, "maxTokens": 2048}
+    assert spec["weights"] == {"source": "/models/llama-ft-2", "version": "ft-2"}
     assert one(renders["defaults"], "Eagle3Target", TARGET)["spec"]["generation"] == {"enabled": True}
     assert spec["modelCache"] == {"persistentVolumeClaim": {"claimName": "hf-cache"}, "sizeLimit": "200Gi"}
     assert spec["podTemplate"]["spec"]["containers"][0]["env"] == [

@@ -19,6 +19,8 @@ BAD_VALUES = [
     ({"target.model": '""'}, "at '/target/model'"),
     ({"target.ports.http": "80"}, "at '/target/ports/http': minimum: got 80"),
     ({"target.hostNetwork": '"yes"'}, "at '/target/hostNetwork': got string, want boolean"),
+    ({"target.weights": '{"source": "gs://b/ft", "version": "ft"}'}, "at '/target/weights/source'"),
+    ({"target.weights": '{"source": "/m/ft"}'}, "at '/target/weights'"),
     ({"target.generation.maxTokens": "0"}, "at '/target/generation/maxTokens': minimum: got 0, want 1"),
     ({"target.generation.enabled": '"yes"'}, "at '/target/generation/enabled': got string, want boolean"),
     ({"target.gpus": "1"}, "at '/target': additional properties 'gpus' not allowed"),

@@ -10,6 +10,9 @@ from eagle3_target.protocol.contract import DEFAULT_PORT
 
 from .disruption import Disruption
 from .generation import Generation
+from .template import SERVER_CONTAINER
+from .template import parse as _pod_template
+from .weights import Weights
 
 # Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
 ROLLOUT_FIELDS = frozenset(
@@ -21,6 +24,7 @@ ROLLOUT_FIELDS = frozenset(
         "progress_deadline_seconds",
         "disruption",
         "group_schedule_timeout_seconds",
+        "weights",  # refreshed in place (weights.py), never by replacing pods
     }
 )
 ENGINES = ("hf", "sglang", "vllm")
@@ -28,9 +32,8 @@ ENGINES = ("hf", "sglang", "vllm")
 MULTI_NODE_ENGINES = ("hf", "vllm")
 
 
-SERVER_CONTAINER = "server"
 # The volumes every target pod has; a podTemplate volume must not take one of their names.
-OPERATOR_VOLUMES = frozenset({"tmp", "cache", "dshm", "model", "auth-token"})
+OPERATOR_VOLUMES = frozenset({"tmp", "cache", "dshm", "model", "auth-token", "admin-token"})
 
 
 class InvalidSpec(ValueError):
@@ -119,6 +122,7 @@ class TargetSpec:
     nodes_per_replica: int = 1
     group_schedule_timeout_seconds: int = 600
     generation: Generation = Generation()
+    weights: Weights | None = None
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -187,6 +191,7 @@ class TargetSpec:
             nodes_per_replica=int(spec.get("nodesPerReplica", 1)),
             group_schedule_timeout_seconds=int(spec.get("groupScheduleTimeoutSeconds", 600)),
             generation=Generation.parse(spec.get("generation")),
+            weights=Weights.parse(spec.get("weights")),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:
@@ -219,6 +224,7 @@ class TargetSpec:
         if self.node_failure_tolerance_seconds < 0:
             errors.append("nodeFailureToleranceSeconds must not be negative")
         errors += self.disruption.problems(self.replicas) + self.generation.problems()
+        errors += self.weights.problems() if self.weights else []
         errors += self._group_problems()
         if self.aux_layer_ids is not None:
             if len(self.aux_layer_ids) != 3:
@@ -298,34 +304,6 @@ class TargetSpec:
                 f"HTTP ports {self.http_port}-{last.http} overlap the NCCL range {self.nccl_start}-{self.nccl_end}"
             )
         return errors
-
-
-def _objects(value: Any, where: str) -> list:
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise TypeError(f"{where} must be a list of objects")
-    return value
-
-
-def _pod_template(raw: Any) -> dict:
-    """podTemplate as given, once its shape is what the builders merge (the schema says the same; a spec that
-    skipped validation gets an InvalidSpec instead of a failed reconcile)."""
-    template = dict(raw)
-    for part in ("metadata", "spec"):
-        if not isinstance(template.get(part, {}), dict):
-            raise TypeError(f"podTemplate.{part} must be an object")
-    for key in ("labels", "annotations"):
-        if not isinstance((template.get("metadata") or {}).get(key, {}), dict):
-            raise TypeError(f"podTemplate.metadata.{key} must be an object")
-    spec = template.get("spec") or {}
-    for key in ("tolerations", "topologySpreadConstraints", "volumes", "containers"):
-        _objects(spec.get(key) or [], f"podTemplate.spec.{key}")
-    for container in spec.get("containers") or ():
-        for key in ("env", "envFrom", "volumeMounts"):
-            _objects(container.get(key) or [], f"podTemplate.spec.containers[].{key}")
-        added = ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
-        if not isinstance(added, list):
-            raise TypeError("podTemplate.spec.containers[].securityContext.capabilities.add must be a list")
-    return template
 
 
 def _int_or_percent(value: Any) -> int | str:

@@ -4,8 +4,9 @@ it appends to."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
-from .target_spec import SERVER_CONTAINER
+SERVER_CONTAINER = "server"
 
 # podTemplate.spec fields that replace what the flat fields and the defaults set (an empty
 # topologySpreadConstraints list turns the default spread off), and those whose items are appended.
@@ -41,3 +42,31 @@ def with_template(pod_spec_: dict, template: dict) -> dict:
         if added:
             server["securityContext"]["capabilities"]["add"] = list(added)
     return merged
+
+
+def _objects(value: Any, where: str) -> list:
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise TypeError(f"{where} must be a list of objects")
+    return value
+
+
+def parse(raw: Any) -> dict:
+    """podTemplate as given, once its shape is what the builders merge (the schema says the same; a spec that
+    skipped validation gets an InvalidSpec instead of a failed reconcile)."""
+    template = dict(raw)
+    for part in ("metadata", "spec"):
+        if not isinstance(template.get(part, {}), dict):
+            raise TypeError(f"podTemplate.{part} must be an object")
+    for key in ("labels", "annotations"):
+        if not isinstance((template.get("metadata") or {}).get(key, {}), dict):
+            raise TypeError(f"podTemplate.metadata.{key} must be an object")
+    spec = template.get("spec") or {}
+    for key in ("tolerations", "topologySpreadConstraints", "volumes", "containers"):
+        _objects(spec.get(key) or [], f"podTemplate.spec.{key}")
+    for container in spec.get("containers") or ():
+        for key in ("env", "envFrom", "volumeMounts"):
+            _objects(container.get(key) or [], f"podTemplate.spec.containers[].{key}")
+        added = ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+        if not isinstance(added, list):
+            raise TypeError("podTemplate.spec.containers[].securityContext.capabilities.add must be a list")
+    return template
