@@ -19,18 +19,17 @@ import random
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from eagle3_target.server.runners.tiny import TINY_LLAMA, build_tiny_llama
-
-SPECIAL = ["<unk>", "<s>", "</s>", "<pad>", "user", "assistant", ":"]
-# NeMo's recipe trains only on the assistant's turns: {% generation %} marks them for the tokenizer.
-TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} : "
-    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }} </s>{% endgeneration %}"
-    "{% else %}{{ m['content'] }} </s>{% endif %} {% endfor %}"
+from eagle3_target.server.runners.tiny import (
+    TINY_LLAMA,
+    TINY_SPECIAL,
+    build_tiny_llama,
+    build_tiny_tokenizer,
+    tiny_words,
 )
+
+SPECIAL = TINY_SPECIAL  # the embedded target's tokenizer (server/runners/tiny.py)
 
 
 def write_target(path: Path, sharpen: float = 30.0, architecture: str = "llama") -> list[str]:
@@ -51,16 +50,9 @@ def build_tiny_qwen3(seed: int) -> Qwen3ForCausalLM:
 
 
 def write_tokenizer(path: Path) -> list[str]:
-    """A word-level tokenizer with the chat template, beside the target's config; returns its plain words."""
-    words = [f"w{i}" for i in range(TINY_LLAMA["vocab_size"] - len(SPECIAL))]
-    word_level = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIAL + words)}, unk_token="<unk>"))
-    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=word_level, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    return words
+    """The embedded target's word-level tokenizer with its chat template, beside the config; returns its words."""
+    build_tiny_tokenizer().save_pretrained(path)
+    return tiny_words()
 
 
 def write_conversations(path: Path, words: list[str], rows: int, seed: int = 0) -> None:

@@ -1,4 +1,5 @@
-"""The HTTP layer: NeMo's eight endpoints plus liveness, readiness and metrics, over TargetService.
+"""The HTTP layer: NeMo's eight endpoints plus liveness, readiness and metrics, over TargetService, and
+OpenAI's generation endpoints (openai_endpoints.py).
 
 Each handler reads what the request carries (session id, body, headers), asks the service, and
 writes the answer: JSON, or a wire blob streamed straight from tensor storage. Status codes come
@@ -21,6 +22,7 @@ from eagle3_target.protocol.wire import EncodedBlob
 
 from . import middlewares
 from .metrics import ServerMetrics
+from .openai_endpoints import OpenAIEndpoints
 from .options import ServerOptions
 from .pipeline import Answer, GenerateRequest
 from .runners import TargetRunner
@@ -66,6 +68,8 @@ class TargetServer:
         }
         app.add_routes([method("/" + name, handler, name=name) for name, (method, handler) in routes.items()])
         app.router.add_post(f"/{contract.WEIGHTS}/{{name}}", self.weight, name=contract.WEIGHTS)
+        if self.options.generation.enabled:
+            app.add_routes(OpenAIEndpoints(self.service.generation).routes())
         app.on_shutdown.append(self._close_p2p)  # before in-flight handlers are waited for
         app.cleanup_ctx.append(self._service_running)
         return app

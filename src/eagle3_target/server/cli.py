@@ -15,6 +15,7 @@ from pathlib import Path
 from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.contract import DEFAULT_PORT, PRIORITIES
 
+from . import generation_options
 from .options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -67,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _http_arguments(p.add_argument_group("HTTP"))
     _limit_arguments(p.add_argument_group("limits and lifecycle"))
     p2p_options.add_arguments(p.add_argument_group("p2p (tensors over a torch.distributed group, not HTTP)"))
+    generation_options.add_arguments(p.add_argument_group("generation (OpenAI-compatible, same weights)"))
     auth = p.add_argument_group("auth")
     auth.add_argument(
         "--auth-token-file",

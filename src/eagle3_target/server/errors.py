@@ -11,13 +11,18 @@ from __future__ import annotations
 class ServiceError(Exception):
     """A request the service cannot serve as asked; the process keeps serving."""
 
-    def __init__(self, error: str, detail: str):
+    def __init__(self, error: str, detail: str, param: str | None = None):
         super().__init__(detail)
         self.error, self.detail = error, detail
+        self.param = param  # the request field at fault, where there is one (OpenAI's error.param)
 
 
 class InvalidInput(ServiceError):
     """Malformed input: a bad blob, dtype, shape, header or JSON body."""
+
+
+class NotFound(ServiceError):
+    """Something the request names that this server does not have (an OpenAI request's model)."""
 
 
 class OutOfRange(ServiceError):

@@ -1,5 +1,5 @@
 """The HTTP layer's middlewares, outermost first: observe (metrics, in-flight count), errors (the one
-place a failure becomes a status code and a JSON body {"error", "detail"}), authenticate, identity bodies."""
+place a failure becomes a status code and a JSON body {"error", "detail"}, or OpenAI's shape under /v1), authenticate, identity bodies."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from eagle3_target.protocol import contract
 
 from . import errors
 from .metrics import ServerMetrics
+from .openai_replies import error_body
+
+OPENAI_PREFIX = "/v1/"  # OpenAI's endpoints (openai_endpoints.py): errors in OpenAI's shape
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +25,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[errors.ServiceError], int] = {
     errors.ServiceError: 400,
     errors.InvalidInput: 400,
+    errors.NotFound: 404,
     errors.Forbidden: 403,
     errors.NoVocabMapping: 409,
     errors.TooLarge: 413,
@@ -51,9 +55,17 @@ class InFlight:
                     await asyncio.sleep(0.05)
 
 
-def error_response(status: int, error: str, detail: str, headers=None) -> web.Response:
+def error_response(
+    status: int, error: str, detail: str, headers=None, *, openai: bool = False, param: str | None = None
+) -> web.Response:
+    """Our {"error", "detail"} body, or under /v1 (``openai``) OpenAI's {"error": {message, type, param, code}}."""
     keep = {k: v for k, v in (headers or {}).items() if k.lower() in ("allow", "retry-after")}
-    return web.json_response({"error": error, "detail": detail}, status=status, headers=keep)
+    body = error_body(status, error, detail, param) if openai else {"error": error, "detail": detail}
+    return web.json_response(body, status=status, headers=keep)
+
+
+def _openai(request: web.Request) -> bool:
+    return request.path.startswith(OPENAI_PREFIX)
 
 
 def endpoint(request: web.Request) -> str:
@@ -92,13 +104,14 @@ def observe(metrics: ServerMetrics, in_flight: InFlight):
 
 @web.middleware
 async def json_errors(request: web.Request, handler):
+    openai = _openai(request)
     try:
         return await handler(request)
     except errors.ServiceError as exc:
         status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)  # a subclass maps as its base
         wait = getattr(exc, "retry_after", SESSION_RETRY_AFTER)  # QueueFull says its own
         retry = {"Retry-After": str(wait)} if status == 429 else None
-        return error_response(status, exc.error, exc.detail, retry)
+        return error_response(status, exc.error, exc.detail, retry, openai=openai, param=exc.param)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -106,12 +119,13 @@ async def json_errors(request: web.Request, handler):
             404: f"no endpoint {request.path}",
             405: f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}",
         }.get(exc.status, exc.text or exc.reason)
-        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), detail, exc.headers)
+        code = exc.reason.lower().replace(" ", "_")
+        return error_response(exc.status, code, detail, exc.headers, openai=openai)
     except (ConnectionError, asyncio.CancelledError):  # the client went away: nothing to answer
         raise
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
+        return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}", openai=openai)
 
 
 def authenticate(token: str | None):
@@ -123,7 +137,10 @@ def authenticate(token: str | None):
             given = given.encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 return error_response(
-                    401, "unauthorized", "this server needs 'Authorization: Bearer <token>'"
+                    401,
+                    "invalid_api_key" if _openai(request) else "unauthorized",
+                    "this server needs 'Authorization: Bearer <token>'",
+                    openai=_openai(request),
                 )
         return await handler(request)
 
@@ -136,6 +153,9 @@ async def identity_bodies(request: web.Request, handler):
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding != "identity":
         return error_response(
-            415, "unsupported_content_encoding", f"bodies must be sent as-is, not {encoding!r}"
+            415,
+            "unsupported_content_encoding",
+            f"bodies must be sent as-is, not {encoding!r}",
+            openai=_openai(request),
         )
     return await handler(request)

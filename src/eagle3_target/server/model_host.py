@@ -30,6 +30,7 @@ class ModelHost:
         self.loader, self.metrics = loader, metrics
         self.runner: TargetRunner | None = None
         self.load_error: BaseException | None = None
+        self.loaded_at = 0  # Unix time the model became ready (OpenAI's model "created")
         self.draining = False  # SIGTERM: finish what is in flight, take nothing new
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="target-model")
 
@@ -44,7 +45,7 @@ class ModelHost:
             log.exception("loading the target model failed")
             self.load_error = exc
             return False
-        self.runner = runner
+        self.runner, self.loaded_at = runner, int(time.time())
         elapsed = time.perf_counter() - start
         info = runner.info
         self.metrics.loaded(info, elapsed)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eagle3_target.protocol.contract import TokenFileError, read_token_file
 
+from .generation_options import GenerationOptions
 from .p2p.options import P2POptions
 
 # The embedded default target's name: what /model_info reports, and what `--model` (or an Eagle3Target's
@@ -51,6 +52,7 @@ class ServerOptions:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
     p2p: P2POptions = field(default_factory=P2POptions)
+    generation: GenerationOptions = field(default_factory=GenerationOptions)
 
     @property
     def p2p_requires_auth(self) -> bool:
@@ -78,6 +80,7 @@ class ServerOptions:
             drain_timeout=args.drain_timeout,
             write_timeout=args.write_timeout,
             p2p=p2p,
+            generation=GenerationOptions.from_args(args),
         )
 
 

@@ -9,6 +9,10 @@ each instead of going first eight times, a session of long sequences gets as man
 of short sequences (not as many requests), and a session alone is served back to back: the model
 is never idle while anything is queued. Weights come from a priority class the request names.
 
+A turn whose tokens say little of its cost (a decode step runs one token through the whole model) is charged
+in time instead: tokens_for() turns the seconds it held the model into the tokens supervision turns run in
+as long, so a generation's share is one of model time, like everyone else's.
+
 A per-session cap on queued requests refuses the one past it with QueueFull (429 + Retry-After),
 which our client takes as backpressure.
 """
@@ -75,6 +79,7 @@ class FairScheduler:
         self._queued: Counter[str] = Counter()  # session -> requests waiting (not the one computing)
         self._busy = False
         self._turn_seconds = 0.0  # a moving mean of how long one turn holds the model
+        self._seconds_per_token = 0.0  # a moving mean over turns charged by their tokens; 0: none seen yet
 
     @property
     def waiting(self) -> int:
@@ -83,9 +88,18 @@ class FairScheduler:
     def queued(self, session: str) -> int:
         return self._queued[session]
 
+    def tokens_for(self, seconds: float, fallback: int) -> int:
+        """The tokens a turn charged by its tokens runs in ``seconds``; ``fallback`` before any such turn."""
+        if not self._seconds_per_token:
+            return fallback
+        return max(1, math.ceil(seconds / self._seconds_per_token))
+
     @contextlib.asynccontextmanager
-    async def turn(self, session: str, tokens: int, priority: str = DEFAULT_PRIORITY) -> AsyncIterator[None]:
-        """Wait for this request's turn at the model and hold it inside the block."""
+    async def turn(
+        self, session: str, tokens: int, priority: str = DEFAULT_PRIORITY, *, by_tokens: bool = True
+    ) -> AsyncIterator[None]:
+        """Wait for this request's turn at the model and hold it inside the block. ``by_tokens``: the
+        turn's tokens measure its cost (a forward over them); False for a charge from tokens_for()."""
         waiter = self._enqueue(session, tokens, priority)
         if not self._busy:
             self._grant_next()
@@ -103,6 +117,11 @@ class FairScheduler:
         finally:
             held = self._clock() - start
             self._turn_seconds += _EWMA * (held - self._turn_seconds) if self._turn_seconds else held
+            if by_tokens and tokens:
+                rate = held / tokens
+                self._seconds_per_token += (
+                    _EWMA * (rate - self._seconds_per_token) if self._seconds_per_token else rate
+                )
             self._grant_next()
 
     def _enqueue(self, session: str, tokens: int, priority: str) -> _Waiter:

@@ -1,10 +1,11 @@
-"""The target service: what each endpoint asks of the model, with no HTTP in it, in four parts.
+"""The target service: what each endpoint asks of the model, with no HTTP in it, in five parts.
 
 - lifetime (here and model_host.py): load and warm the runner in the background, expire sessions, watch
   the p2p groups, drain, stop, release;
 - sessions and vocabulary (session_endpoints.py): heartbeat, disconnect, model info, vocab mappings, p2p;
 - weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights;
-- the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply.
+- the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply;
+- text generation (generation.py) for the OpenAI-compatible endpoints, through the same scheduler.
 
 Requests name their session by id; failures are ServiceErrors (errors.py) that the HTTP layer maps to
 status codes.
@@ -17,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from .generation import GenerationService
 from .metrics import ServerMetrics
 from .model_host import ModelHost
 from .options import ServerOptions
@@ -45,6 +47,14 @@ class TargetService:
         self.clients = SessionEndpoints(self.model, self.sessions, self.p2p, options, metrics, self.stopped)
         self.weights = WeightEndpoints(self.model, self.sessions)
         self.pipeline = GeneratePipeline(self.model, self.sessions, self.p2p, options, metrics)
+        self.generation = GenerationService(
+            self.model,
+            self.pipeline.turns,
+            options.generation,
+            options.max_batch_tokens,
+            options.max_priority,
+            metrics,
+        )
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -25,6 +25,7 @@ from eagle3_target.protocol.model_info import (
 )
 
 from ..errors import InvalidInput
+from ..sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -207,6 +208,28 @@ class HiddenStateRunner(TargetRunner, Protocol):
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The lm_head weight rows of ``ids`` [len(ids), H], on the runner's device."""
+        ...
+
+
+class Decoding(Protocol):
+    """One sequence an engine is generating (generation.py drives it in chunks, on the model thread)."""
+
+    generated: list[int]  # the new tokens so far
+    finish: str | None  # sampling.FINISH_STOP (an end-of-sequence token) or FINISH_LENGTH once it ends
+
+    def advance(self, steps: int) -> list[int]:
+        """Up to ``steps`` more tokens; the first call also runs the prompt."""
+        ...
+
+
+@runtime_checkable
+class GeneratingRunner(TargetRunner, Protocol):
+    """A runner that also generates text from the weights it serves supervision from (the /v1 endpoints)."""
+
+    tokenizer: Any  # a transformers tokenizer, with the chat template; None: the target came without one
+
+    def start_generation(self, prompt_ids: list[int], params: SamplingParams) -> Decoding:
+        """A new sequence from ``prompt_ids``; nothing runs until its first advance()."""
         ...
 
 

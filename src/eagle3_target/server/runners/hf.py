@@ -21,6 +21,7 @@ from eagle3_target.protocol.model_info import defining_config
 
 from ..options import EMBEDDED_MODEL
 from ..parallel import ONE_DEVICE, ParallelLayout
+from ..sampling import SamplingParams
 from .base import (
     Capture,
     Captured,
@@ -29,6 +30,7 @@ from .base import (
     RunnerInfo,
     resolve_dtype,
 )
+from .hf_generate import HFDecoding, eos_token_ids
 from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
 from .packing import block_causal_mask
 
@@ -73,6 +75,17 @@ def final_norm(model: nn.Module) -> nn.Module | None:
     return norm if isinstance(getattr(norm, "weight", None), torch.Tensor) else None
 
 
+def load_tokenizer(model: str, trust_remote_code: bool) -> Any:
+    """The target's tokenizer, for generation; None (generation refused, supervision served) where it has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("no tokenizer for %s (%s): the /v1 generation endpoints answer 400", model, exc)
+        return None
+
+
 class _Stop(Exception):
     """Raised by the last hook a capture needs: the rest of the forward is not computed."""
 
@@ -96,8 +109,11 @@ def _keep_input(captured: dict, stop: bool):
 
 
 class HFRunner(FinalHiddenRunner):
-    def __init__(self, model: nn.Module, *, name: str, aux_layer_ids: list[int] | None = None):
+    def __init__(
+        self, model: nn.Module, *, name: str, aux_layer_ids: list[int] | None = None, tokenizer: Any = None
+    ):
         self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer  # for the /v1 generation endpoints; None: they refuse (generation.py)
         config = model.config
         layers = decoder_layers(model)
         param = next(model.parameters())
@@ -128,6 +144,7 @@ class HFRunner(FinalHiddenRunner):
             image_spec=images,
         )
         self._layers = layers
+        self._eos = eos_token_ids(model)
         self._head = model.get_output_embeddings()
         self._norm = final_norm(model)
 
@@ -151,13 +168,21 @@ class HFRunner(FinalHiddenRunner):
             return hf_parallel.load({**options, "trust_remote_code": trust_remote_code}, parallel)
         torch_dtype = resolve_dtype(dtype, device)
         if model is None:
-            from .tiny import build_tiny_llama
+            from .tiny import build_tiny_llama, build_tiny_tokenizer
 
-            module, name = build_tiny_llama().to(torch_dtype), EMBEDDED_MODEL
+            module, name, tokenizer = (
+                build_tiny_llama().to(torch_dtype),
+                EMBEDDED_MODEL,
+                build_tiny_tokenizer(),
+            )
         else:
             module, name = load_pretrained(model, torch_dtype, trust_remote_code), model
+            tokenizer = load_tokenizer(model, trust_remote_code)
         log.info("loaded %s (%s) on %s", name, torch_dtype, device)
-        return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids)
+        return cls(module.to(device), name=name, aux_layer_ids=aux_layer_ids, tokenizer=tokenizer)
+
+    def start_generation(self, prompt_ids: list[int], params: SamplingParams) -> HFDecoding:
+        return HFDecoding(self.model, prompt_ids, params, self._eos)
 
     @torch.inference_mode()
     def forward_hidden(
