@@ -82,3 +82,20 @@ def test_the_example_target_sets_a_cap():
     docs = [d for d in yaml.safe_load_all((CRD_PATH.parent / "example-target.yaml").read_text()) if d]
     example = next(d for d in docs if d["kind"] == "Eagle3Target")
     assert TargetSpec.parse(example["spec"]).generation.max_tokens == 4096
+
+
+@pytest.mark.parametrize("generation", [{}, {"enabled": False}, {"maxTokens": 512}])
+def test_the_servers_own_parser_reads_the_flags(generation):
+    """The flags the operator writes are the ones `serve` defines (server/generation_options.py)."""
+    import argparse
+
+    from eagle3_target.server import generation_options
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    generation_options.add_arguments(parser)
+    spec = TargetSpec.parse({"model": "m", "generation": generation})
+    options = generation_options.GenerationOptions.from_args(parser.parse_args(spec.generation.server_args()))
+    assert options.enabled == spec.generation.enabled
+    assert options.max_tokens == (
+        spec.generation.max_tokens or generation_options.DEFAULT_MAX_GENERATION_TOKENS
+    )
