@@ -4,12 +4,14 @@ OpenAI's shape, auth applies, metrics move, and a generation yields the model to
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 
 import torch
 from target_support import generate_body, serve, vocab_body
 
+from eagle3_target.server import cli
 from eagle3_target.server.generation_options import GenerationOptions
 from eagle3_target.server.options import EMBEDDED_MODEL, ServerOptions
 from eagle3_target.server.runners.hf import HFRunner
@@ -179,3 +181,13 @@ async def test_a_generate_request_waits_for_one_chunk_not_for_the_whole_generati
         made = registry.get_sample_value("eagle3_target_generated_tokens_total")
         assert not long.done() and made < 60
         assert (await long)[0] == 200
+
+
+def test_serve_flags_set_the_generation_options():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    defaults = ServerOptions.from_args(parser.parse_args([])).generation
+    assert defaults == GenerationOptions() and defaults.enabled and defaults.priority == "low"
+    flags = ["--no-generation", "--max-generation-tokens", "8", "--generation-chunk-tokens", "2"]
+    options = ServerOptions.from_args(parser.parse_args([*flags, "--generation-priority", "normal"]))
+    assert options.generation == GenerationOptions(False, 8, 2, "normal")

@@ -302,3 +302,15 @@ async def test_sessions_served_one_after_another_leave_nothing_behind():
         "heavy",
         "new",
     ]
+
+
+async def test_turns_charged_by_time_cost_the_tokens_supervision_runs_in_as_long():
+    """tokens_for() converts model time into tokens at the rate of turns charged by their tokens only."""
+    now = [0.0]
+    scheduler = FairScheduler(clock=lambda: now[0])
+    assert scheduler.tokens_for(0.5, fallback=3) == 3  # no supervision turn seen yet
+    async with scheduler.turn("trainer", 1000):
+        now[0] += 0.1  # 1000 tokens in 0.1 s
+    async with scheduler.turn("generation:a", 5, by_tokens=False):
+        now[0] += 5.0  # a slow chunk does not change the rate
+    assert scheduler.tokens_for(0.05, fallback=3) == 500

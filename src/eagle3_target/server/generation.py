@@ -4,8 +4,8 @@ turn at the model through the same fair scheduler /generate uses, text decoded s
 stop strings cut, tokens counted.
 
 A generation waits for its turn like a /generate does, at a lower class by default (--generation-priority),
-decodes --generation-chunk-tokens tokens and queues again; each turn after the first is charged the model
-time of the one before (FairScheduler.tokens_for), so a supervision request never waits behind more than one
+decodes --generation-chunk-tokens tokens and queues again; each turn is charged the model time of the one
+before (the first, of a mean chunk: FairScheduler.tokens_for), so a supervision request never waits behind more than one
 chunk and a flood of generations gets the model time its class weighs, not more.
 """
 
@@ -25,6 +25,7 @@ from .runners.base import Decoding, GeneratingRunner
 from .sampling import FINISH_STOP
 from .scheduler import FairScheduler, priority_class
 
+_EWMA = 0.2  # weight of the newest chunk in the mean chunk time
 TENANT_PREFIX = "generation:"  # a client's generations take turns as one scheduler session of their own
 
 
@@ -57,6 +58,7 @@ class GenerationService:
     ):
         self.model, self.turns, self.options, self.metrics = model, turns, options, metrics
         self.max_prompt_tokens, self.max_priority = max_prompt_tokens, max_priority
+        self._chunk_seconds = 0.0  # a moving mean of one chunk's model time: a new generation's first charge
 
     def runner(self) -> GeneratingRunner:
         """The ready runner, if it generates; NotReady while loading, InvalidInput where it cannot."""
@@ -96,20 +98,21 @@ class GenerationService:
         self, runner, decoding: Decoding, ask: GenerationAsk, tenant: str, priority: str, generation
     ):
         started, emitted, finish = time.perf_counter(), 0, "abort"
-        charge = generation.prompt_tokens + self.options.chunk_tokens
+        fallback = generation.prompt_tokens + self.options.chunk_tokens  # before any time was measured
+        charge = self.turns.tokens_for(self._chunk_seconds, fallback) if self._chunk_seconds else fallback
         stops = ask.params.stop
         try:
             while True:
                 async with self.turns.turn(tenant, charge, priority, by_tokens=False):
                     start = time.perf_counter()
-                    new = await self.model.call(decoding.advance, self.options.chunk_tokens)
+                    new, text = await self.model.call(_advance, decoding, self.options.chunk_tokens, runner)
                     held = time.perf_counter() - start
+                self._chunk_seconds += _EWMA * (held - self._chunk_seconds) if self._chunk_seconds else held
                 charge = self.turns.tokens_for(held, fallback=len(new) or 1)
                 if new and not generation.completion_tokens:
                     self.metrics.time_to_first_token.observe(time.perf_counter() - started)
                 generation.completion_tokens += len(new)
                 self.metrics.generated_tokens.inc(len(new))
-                text = runner.tokenizer.decode(decoding.generated, skip_special_tokens=True)
                 cut = _first_stop(text, stops, emitted)
                 if cut is not None or decoding.finish is not None:
                     finish = FINISH_STOP if cut is not None else decoding.finish
@@ -121,6 +124,13 @@ class GenerationService:
                     emitted = safe
         finally:
             self.metrics.generations.labels(finish).inc()
+
+
+def _advance(decoding: Decoding, steps: int, runner: GeneratingRunner) -> tuple[list[int], str]:
+    """On the model thread, in the turn: the next chunk and the text so far (its decoding counts as the turn's
+    model time, not the event loop's)."""
+    new = decoding.advance(steps)
+    return new, runner.tokenizer.decode(decoding.generated, skip_special_tokens=True)
 
 
 def _prompt_ids(runner: GeneratingRunner, ask: GenerationAsk) -> list[int]:
