@@ -200,6 +200,9 @@ def test_values_reach_the_eagle3target(renders):
     assert spec["serviceAccountName"] == "targets"
     assert spec["gpuResourceName"] == "amd.com/gpu" and spec["shmSize"] == "16Gi"
     assert spec["hfTokenSecret"] == {"name": "hf-token"}
+    assert spec["generation"] == {"enabled": True, "maxTokens": 2048}
+    assert spec["weights"] == {"source": "/models/llama-ft-2", "version": "ft-2"}
+    assert one(renders["defaults"], "Eagle3Target", TARGET)["spec"]["generation"] == {"enabled": True}
     assert spec["modelCache"] == {"persistentVolumeClaim": {"claimName": "hf-cache"}, "sizeLimit": "200Gi"}
     assert spec["podTemplate"]["spec"]["containers"][0]["env"] == [
         {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}
@@ -332,8 +335,14 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
     assert one(objects, "Eagle3Target")["spec"]["disruption"] == {"enabled": True}
     policy = one(objects, "NetworkPolicy", TARGET)
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    trainers, metrics = policy["spec"]["ingress"]
+    trainers, operator, metrics = policy["spec"]["ingress"]
     assert trainers["from"] == [{"podSelector": {"matchLabels": {"eagle3.dev/trainer": "true"}}}]
+    # the operator refreshes weights in place over the HTTP port (spec.weights)
+    deployment = one(objects, "Deployment")
+    assert operator["from"] == [
+        {"podSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}}
+    ]
+    assert operator["ports"] == [{"protocol": "TCP", "port": "http"}]
     assert {"protocol": "TCP", "port": "http"} in trainers["ports"]
     assert {"protocol": "TCP", "port": 29600, "endPort": 29855} in trainers["ports"]
     assert metrics["ports"] == [{"protocol": "TCP", "port": "http"}]
@@ -347,7 +356,7 @@ def test_pdb_and_network_policy_select_the_operators_pods(renders):
 
     everything = renders["everything"]
     assert one(everything, "Eagle3Target")["spec"]["disruption"] == {"enabled": True, "minAvailable": 1}
-    (trainers,) = one(everything, "NetworkPolicy")["spec"]["ingress"]  # no monitors: no metrics rule
+    trainers, _ = one(everything, "NetworkPolicy")["spec"]["ingress"]  # no monitors: no metrics rule
     assert trainers["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "ml"}}
 
 

@@ -107,6 +107,32 @@ LONGEST = "x" * builders.MAX_NAME_LENGTH
         ("llama", {"dtype": "int8"}, 'spec.dtype: Unsupported value: "int8"'),
         ("llama", {"gpusPerReplica": 17}, "spec.gpusPerReplica: Invalid value: 17"),
         ("llama", {"model": ""}, "spec.model: Invalid value"),
+        ("llama", {"generation": {"enabled": False}}, None),
+        ("llama", {"generation": {"maxTokens": 4096}}, None),
+        (
+            "llama",
+            {"generation": {"enabled": False, "maxTokens": 10}},
+            "generation.maxTokens needs generation.enabled true",
+        ),
+        ("llama", {"generation": {"maxTokens": 0}}, "spec.generation.maxTokens: Invalid value: 0"),
+        ("llama", {"weights": {"source": "/models/ft-2", "version": "ft-2"}}, None),
+        ("llama", {"weights": {"source": "s3://bucket/ft-2", "version": "2026-12-01T00:00+rl.7"}}, None),
+        (
+            "llama",
+            {"weights": {"source": "gs://bucket/ft", "version": "ft"}},
+            "weights.source must be an absolute path in the pod or an s3:// URI",
+        ),
+        (
+            "llama",
+            {"weights": {"source": "/m", "version": ""}},
+            "weights.version must be 1 to 128 letters, digits and ._:+/- starting with a letter or digit",
+        ),
+        (
+            "llama",
+            {"weights": {"source": "/m", "version": "-x y"}},
+            "weights.version must be 1 to 128 letters",
+        ),
+        ("llama", {"weights": {"source": "/m"}}, "spec.weights.version: Required value"),
     ],
 )
 def test_the_server_refuses_what_cannot_work_with_the_projects_message(
@@ -158,7 +184,18 @@ def columns(kubectl, namespace: str, *flags: str) -> list[dict[str, str]]:
 def test_printer_columns_scale_and_status_subresources(crd, control_plane, kubectl, namespace):
     kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(target(namespace, replicas=2)))
     (row,) = columns(kubectl, namespace)
-    assert list(row) == ["NAME", "READY", "REASON", "DESIRED", "READYREPLICAS", "UPDATED", "WAITING", "AGE"]
+    assert list(row) == [
+        "NAME",
+        "READY",
+        "REASON",
+        "DESIRED",
+        "READYREPLICAS",
+        "UPDATED",
+        "WAITING",
+        "VERSION",
+        "ATVERSION",
+        "AGE",
+    ]
     assert row["READY"] == "Unknown" and row["REASON"] == "Pending" and row["DESIRED"] == "2"
     assert row["READYREPLICAS"] == row["UPDATED"] == ""
     assert columns(kubectl, namespace, "-o", "wide")[0]["MODEL"] == "m"  # priority 1: only in -o wide
@@ -170,6 +207,8 @@ def test_printer_columns_scale_and_status_subresources(crd, control_plane, kubec
         "replicas": 2,
         "readyReplicas": 1,
         "updatedReplicas": 2,
+        "targetVersion": "ft-2",
+        "targetVersionReplicas": 1,
         "selector": builders.selector_string("llama"),
         "conditions": [
             {
@@ -186,12 +225,16 @@ def test_printer_columns_scale_and_status_subresources(crd, control_plane, kubec
     stored = kubectl.json("-n", namespace, "get", "e3t/llama")
     assert stored["spec"]["replicas"] == 2 and stored["status"]["readyReplicas"] == 1
     (row,) = columns(kubectl, namespace)
-    assert [row[c] for c in ("READY", "REASON", "DESIRED", "READYREPLICAS", "UPDATED")] == [
+    assert [
+        row[c] for c in ("READY", "REASON", "DESIRED", "READYREPLICAS", "UPDATED", "VERSION", "ATVERSION")
+    ] == [
         "False",
         "PodsStarting",
         "2",
         "1",
         "2",
+        "ft-2",
+        "1",
     ]
 
     # kubectl scale (and an HPA) go through /scale: spec from .spec.replicas, the rest from the status

@@ -186,6 +186,7 @@ def _register(kube: KubeEmulator) -> None:
         ("pods", "Pod", True),
         ("services", "Service", True),
         ("configmaps", "ConfigMap", True),
+        ("secrets", "Secret", True),
         ("events", "Event", True),
         ("namespaces", "Namespace", False),
         ("nodes", "Node", False),

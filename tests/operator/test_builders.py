@@ -45,6 +45,8 @@ def test_pod_runs_serve_with_probes_gpu_limit_and_restricted_security():
         "2,10,20",
         "--auth-token-file",
         "/var/run/eagle3-target/token",
+        "--admin-token-file",
+        "/var/run/eagle3-target-admin/token",
     ]
     assert pod["spec"]["terminationGracePeriodSeconds"] >= 30 + 10  # the drain, and time to exit after it
     assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": 1}

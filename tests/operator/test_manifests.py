@@ -54,6 +54,8 @@ def test_crd_identity_subresources_and_columns(crd):
         "ReadyReplicas",
         "Updated",
         "Waiting",
+        "Version",
+        "AtVersion",
         "Model",
         "Age",
     ]

@@ -8,6 +8,7 @@ from pod_state_support import pod_state as state
 from eagle3_target.operator.builders import HASH_ANNOTATION, ORDINAL_LABEL
 from eagle3_target.operator.groups import GROUP_LABEL, RANK_LABEL
 from eagle3_target.operator.planner import PodState, Rollout, free_name, parse_time, plan
+from eagle3_target.operator.weights import READINESS_GATE, RESTARTS_ANNOTATION, VERSION_ANNOTATION
 
 EPOCH = 1767225600.0  # 2026-01-01T00:00:00Z
 
@@ -53,13 +54,14 @@ def test_a_full_pod_reads_every_field():
         "metadata": {
             "name": "t-3-r1",
             "labels": labels,
-            "annotations": {HASH_ANNOTATION: "abc"},
+            "annotations": {HASH_ANNOTATION: "abc", VERSION_ANNOTATION: "v2", RESTARTS_ANNOTATION: "1"},
             "deletionTimestamp": "2026-01-01T00:01:00Z",
             "creationTimestamp": "2026-01-01T00:00:00Z",
         },
         "spec": {
             "nodeName": "gpu-7",
             "tolerations": tolerations,
+            "readinessGates": [{"conditionType": READINESS_GATE}],
             "containers": [
                 {
                     "ports": [
@@ -77,6 +79,7 @@ def test_a_full_pod_reads_every_field():
                 {"type": "Ready", "status": "True"},
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:05Z"},
             ],
+            "containerStatuses": [{"name": "server", "restartCount": 1}],
         },
     }
     state = PodState.from_pod(body)
@@ -101,6 +104,10 @@ def test_a_full_pod_reads_every_field():
         rank=2,
         created_at=EPOCH,
         bound=True,
+        serving=True,
+        target_version="v2",
+        restarts=1,
+        gated=True,
     )
     assert (state.endpoint, state.group_name) == ("[fd00::7]:8001", "t-3")
 

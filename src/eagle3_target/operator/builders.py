@@ -15,6 +15,7 @@ from .spec_checks import SERVER_CONTAINER
 from .target_spec import ROLLOUT_FIELDS, TargetSpec
 from .template import with_template as _with_template
 from .volumes import CACHE_DIR, TOKEN_DIR, pod_volumes
+from .weights import ADMIN_DIR, ADMIN_KEY, READINESS_GATE
 
 MANAGER = "eagle3-target-operator"
 TARGET_LABEL = f"{GROUP}/target"
@@ -103,6 +104,8 @@ def server_args(spec: TargetSpec, ordinal: int) -> list[str]:
         args += ["--aux-layer-ids", ",".join(str(i) for i in spec.aux_layer_ids)]
     if spec.auth_secret_name:
         args += ["--auth-token-file", f"{TOKEN_DIR}/token"]
+    # on every pod, so that setting spec.weights later refreshes it in place rather than replacing it
+    args += ["--admin-token-file", f"{ADMIN_DIR}/{ADMIN_KEY}"] + spec.generation.server_args()
     # every GPU of the pod serves: gpusPerReplica becomes the tensor-parallel size (groups.default_split)
     return args + groups.split_args(spec, groups.TENSOR_FLAG) + list(spec.args)
 
@@ -177,7 +180,7 @@ def _group_args(spec: TargetSpec, name: str, ordinal: int, rank: int, where: tup
 def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str, rank: int = 0, where=WHERE) -> dict:
     """The pod spec of one replica (or of rank `rank` of a group): its ordinal (hostname, ports) is its
     identity, not the pod's name. `where`: the namespace and cluster domain, for a worker's leader address."""
-    volumes, mounts = pod_volumes(spec)
+    volumes, mounts = pod_volumes(spec, name)
     container = {
         "name": SERVER_CONTAINER,
         "image": image,
@@ -215,6 +218,8 @@ def pod_spec(spec: TargetSpec, name: str, ordinal: int, image: str, rank: int = 
         "volumes": volumes,
         "topologySpreadConstraints": placement.spread(selector(name)),
     }
+    if spec.weights is not None and rank == 0:  # an endpoint only once it serves spec.weights
+        result["readinessGates"] = [{"conditionType": READINESS_GATE}]
     if spec.host_network:
         result["hostNetwork"] = True
         result["dnsPolicy"] = "ClusterFirstWithHostNet"

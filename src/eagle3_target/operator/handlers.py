@@ -17,12 +17,12 @@ import kopf
 import kr8s
 import kr8s.asyncio
 
-from . import GROUP, PLURAL, VERSION, builders, discovery, groups, incluster
+from . import GROUP, PLURAL, VERSION, builders, discovery, groups, incluster, refresh
 from .announce import announce
 from .config import OperatorConfig
 from .disruption import drains_blocked
 from .group_planner import counted_states, plan_groups
-from .kube import Children
+from .kube import Children, served
 from .leader import AlwaysLeader, LeaseElector
 from .nodes import NodeHealth, lost_pods
 from .planner import PodState, Rollout, plan
@@ -71,7 +71,7 @@ async def configure(
     api = await kr8s.asyncio.api(kubeconfig=os.environ.get("KUBECONFIG"))
     # without scanning kopf would idle forever on a resource missing at startup: exit instead, so that the
     # Deployment's restarts pick the CRD up once it is installed
-    if not await _served(api):
+    if not await served(api):
         raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD first")
     memo.children = Children(api)
     memo.node_index = node_health  # read by every reconcile, whichever handler runs it
@@ -87,17 +87,6 @@ async def configure(
         else AlwaysLeader()
     )
     memo.tasks = [asyncio.create_task(memo.leader.run()), asyncio.create_task(_resync(memo, target_pods))]
-
-
-async def _served(api: kr8s.asyncio.Api) -> bool:
-    """Whether the API server serves our resource (one discovery request, which every identity may make)."""
-    try:
-        async with api.call_api("GET", version="", base="/apis", url=f"{GROUP}/{VERSION}") as response:
-            return any(r["name"] == PLURAL for r in response.json()["resources"])
-    except kr8s.ServerError as e:
-        if e.response is not None and e.response.status_code == 404:
-            return False
-        raise
 
 
 @kopf.on.cleanup()
@@ -214,6 +203,7 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             rollout, image = _rollout(target, previous, memo.config.image)
             create_errors = await _apply(target, tracked, pods, rollout, image, memo, full, now, lost)
             pods = tracked.observe(list(index.get((namespace, name), [])), now)
+            refresh.start(tracked.refreshes, target, pods, body, memo.children, now)
         pods = counted_states(
             target, tracked, tracked.with_mounts([p for p in pods if p.name not in lost]), now
         )
@@ -226,6 +216,7 @@ async def reconcile(tracked: Tracked, memo: kopf.Memo, index: kopf.Index, *, ful
             generation=meta.get("generation"),
             drains_blocked=drains_blocked(target),
             given_back="; ".join(why for _, why in tracked.held.values()),
+            **tracked.refreshes.observed(target),
         )
         status = compute_status(
             name=name,
@@ -291,8 +282,10 @@ async def _apply(target, tracked, pods, rollout, image, memo, full, now, lost) -
     body = tracked.body
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     step = _step(target, tracked, pods, rollout, memo, now, lost)
-    if _creates(target, body, memo, step) and await memo.children.namespace_terminating(namespace):
+    creates = _creates(target, body, memo, step) or not tracked.refreshes.token  # the admin Secret
+    if creates and await memo.children.namespace_terminating(namespace):
         return []  # the API server refuses creations there; the namespace controller removes the rest
+    await refresh.ensure_token(tracked.refreshes, body, memo.children, builders.labels(name, "admin"))
     if full:
         await _children(target, body, memo)
     for pod_name in sorted(lost):

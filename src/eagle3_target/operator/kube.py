@@ -5,18 +5,35 @@ that finds it gone (404) are reported, not raised; any other API error is raised
 
 from __future__ import annotations
 
+import base64
 import datetime
+import json
 from typing import Any
 
 import kr8s
 import kr8s.asyncio
-from kr8s.asyncio.objects import ConfigMap, Event, Namespace, Pod, PodDisruptionBudget, Service, new_class
+from kr8s.asyncio.objects import (
+    ConfigMap,
+    Event,
+    Namespace,
+    Pod,
+    PodDisruptionBudget,
+    Secret,
+    Service,
+    new_class,
+)
 
 from . import GROUP, KIND, PLURAL, VERSION
 from .disruption import switch_bound
 
 Target = new_class(KIND, f"{GROUP}/{VERSION}", namespaced=True, plural=PLURAL)
-KINDS = {"Pod": Pod, "Service": Service, "ConfigMap": ConfigMap, "PodDisruptionBudget": PodDisruptionBudget}
+KINDS = {
+    "Pod": Pod,
+    "Service": Service,
+    "ConfigMap": ConfigMap,
+    "PodDisruptionBudget": PodDisruptionBudget,
+    "Secret": Secret,
+}
 
 
 def is_subset(desired: Any, actual: Any) -> bool:
@@ -34,6 +51,17 @@ def is_subset(desired: Any, actual: Any) -> bool:
 
 def _status_code(error: kr8s.ServerError) -> int | None:
     return error.response.status_code if error.response is not None else None
+
+
+async def served(api: kr8s.asyncio.Api) -> bool:
+    """Whether the API server serves our resource (one discovery request, which every identity may make)."""
+    try:
+        async with api.call_api("GET", version="", base="/apis", url=f"{GROUP}/{VERSION}") as response:
+            return any(r["name"] == PLURAL for r in response.json()["resources"])
+    except kr8s.ServerError as e:
+        if e.response is not None and e.response.status_code == 404:
+            return False
+        raise
 
 
 class Children:
@@ -104,6 +132,37 @@ class Children:
         except kr8s.NotFoundError:
             return False
         return bool(current.raw["metadata"].get("deletionTimestamp"))
+
+    async def secret_value(self, body: dict, key: str) -> str:
+        """`key` of the Secret named like `body`, created from `body` if absent (a 409 means a concurrent
+        create won: its value is read back)."""
+        meta = body["metadata"]
+        try:
+            await self._object(body).create()
+        except kr8s.ServerError as e:
+            if _status_code(e) != 409:
+                raise
+        found = await Secret.get(meta["name"], namespace=meta["namespace"], api=self.api)
+        return base64.b64decode(found.raw["data"][key]).decode()
+
+    async def patch_pod(self, name: str, namespace: str, annotations: dict, gate: tuple[str, bool] | None):
+        """Annotations (metadata only: the pod keeps running), then a readiness gate's condition through
+        /status, merged by type (strategic merge) so the kubelet's own conditions stay."""
+        await Pod({"metadata": {"name": name, "namespace": namespace}}, api=self.api).patch(
+            {"metadata": {"annotations": annotations}}
+        )
+        if gate is not None:
+            condition = {"type": gate[0], "status": "True" if gate[1] else "False"}
+            condition["lastTransitionTime"] = datetime.datetime.now(datetime.UTC).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            )
+            body = json.dumps({"status": {"conditions": [condition]}})
+            headers = {"Content-Type": "application/strategic-merge-patch+json"}
+            url = f"pods/{name}/status"
+            async with self.api.call_api(
+                "PATCH", url=url, namespace=namespace, content=body, headers=headers
+            ):
+                pass
 
     async def patch_status(self, name: str, namespace: str, status: dict) -> dict:
         target = Target({"metadata": {"name": name, "namespace": namespace}}, api=self.api)

@@ -9,6 +9,7 @@ from typing import Any
 
 from .builders import HASH_ANNOTATION, ORDINAL_LABEL, pod_name
 from .groups import GROUP_LABEL, RANK_LABEL
+from .weights import READINESS_GATE, served_version
 
 # Waiting reasons that will not fix themselves while the spec stays as it is: Stalled, Degraded.
 FAILING_REASONS = {
@@ -66,6 +67,11 @@ class PodState:
     rank: int = 0
     created_at: float | None = None
     bound: bool = True  # scheduled to a node
+    # its server answers (containers ready), though a readiness gate may keep it out of the endpoints
+    serving: bool = False
+    target_version: str = ""  # the weights version it serves, as far as the operator knows ("" unknown)
+    restarts: int = 0  # the server container's restart count
+    gated: bool = False  # has the weights readiness gate (created while spec.weights was set)
 
     @property
     def group_name(self) -> str:
@@ -85,6 +91,8 @@ class PodState:
             waiting.append(scheduled)
         failing = next((w for w in waiting if w.get("reason") in FAILING_REASONS), {})
         phase = status.get("phase", "Pending")
+        server = (status.get("containerStatuses") or [{}])[0]
+        serving = any(conditions.get(c, {}).get("status") == "True" for c in ("Ready", "ContainersReady"))
         if phase == "Failed":
             failing = {"reason": status.get("reason") or "PodFailed", "message": status.get("message", "")}
         return cls(
@@ -106,6 +114,10 @@ class PodState:
             rank=int(labels.get(RANK_LABEL, 0)),
             created_at=parse_time(meta.get("creationTimestamp")),
             bound=bool(spec.get("nodeName")),
+            serving=serving and bool(status.get("podIP")),
+            target_version=served_version(meta.get("annotations", {}), int(server.get("restartCount", 0))),
+            restarts=int(server.get("restartCount", 0)),
+            gated=any(g.get("conditionType") == READINESS_GATE for g in spec.get("readinessGates") or ()),
         )
 
     @property

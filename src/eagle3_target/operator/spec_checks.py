@@ -10,7 +10,7 @@ from eagle3_target.protocol.engines import engine, fleet_engines
 
 SERVER_CONTAINER = "server"
 # The volumes every target pod has; a podTemplate volume must not take one of their names.
-OPERATOR_VOLUMES = frozenset({"tmp", "cache", "dshm", "model", "auth-token"})
+OPERATOR_VOLUMES = frozenset({"tmp", "cache", "dshm", "model", "auth-token", "admin-token"})
 
 
 def valid_int_or_percent(value: int | str) -> bool:
@@ -31,7 +31,8 @@ class SpecChecks:
             errors.append("gpusPerReplica must not be negative")
         if self.node_failure_tolerance_seconds < 0:
             errors.append("nodeFailureToleranceSeconds must not be negative")
-        errors += self.disruption.problems(self.replicas)
+        errors += self.disruption.problems(self.replicas) + self.generation.problems()
+        errors += self.weights.problems() if self.weights else []
         errors += self._group_problems()
         if self.aux_layer_ids is not None:
             if len(self.aux_layer_ids) != 3:

@@ -49,6 +49,8 @@ class Observed:
     generation: int | None = None
     drains_blocked: str = ""  # why the PodDisruptionBudget lets no eviction through, if it does not
     given_back: str = ""  # groups that gave their pods back for want of nodes, and why
+    weights_version: str = ""  # spec.weights.version, if set
+    refresh_errors: str = ""  # replicas that refused to refresh to it, and what they answered
 
 
 def waiting_detail(pod: PodState) -> str:
@@ -107,6 +109,7 @@ def _fleet_conditions(pods: list[PodState], observed: Observed) -> list[dict]:
     else:
         progressing = condition("Progressing", False, "RolloutComplete", counts, generation)
 
+    progressing = _refreshing(progressing, wanted, observed)
     if observed.create_errors:
         message = "; ".join(observed.create_errors)
         degraded = condition("Degraded", True, "FailedCreate", message, generation)
@@ -115,9 +118,21 @@ def _fleet_conditions(pods: list[PodState], observed: Observed) -> list[dict]:
     elif failing:
         names = ", ".join(f"{p.name}: {p.failing_reason}" for p in failing)
         degraded = condition("Degraded", True, "PodsFailing", names, generation)
+    elif observed.refresh_errors:
+        degraded = condition("Degraded", True, "RefreshFailed", observed.refresh_errors[:1024], generation)
     else:
         degraded = condition("Degraded", False, "AsExpected", "no failing targets", generation)
     return [ready_cond, progressing, degraded]
+
+
+def _refreshing(progressing: dict, wanted: list[PodState], observed: Observed) -> dict:
+    """A rolled-out fleet whose replicas do not all serve spec.weights yet is still progressing."""
+    version, replicas = observed.weights_version, observed.rollout.replicas
+    at_version = sum(p.target_version == version for p in wanted if p.rank == 0)
+    if not version or at_version >= replicas or progressing["status"] == "True":
+        return progressing
+    message = f"{at_version}/{replicas} replicas serve weights {version}"
+    return condition("Progressing", True, "RefreshingWeights", message, observed.generation)
 
 
 def _stall(pods: list[PodState], observed: Observed, conditions: list[dict]) -> tuple[str, str] | None:
@@ -147,7 +162,7 @@ def _track_progress(conditions: list[dict], previous: dict, current: dict, obser
     gets closer to its goal; past the deadline without that, Progressing turns False."""
     progressing = next(c for c in conditions if c["type"] == "Progressing")
     before = next((c for c in previous.get("conditions") or [] if c.get("type") == "Progressing"), {})
-    keys = ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas")
+    keys = ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas", "targetVersionReplicas")
     moved = any(previous.get(k) != current.get(k) for k in keys) or not before.get("lastUpdateTime")
     updated = format_time(at) if moved else before["lastUpdateTime"]
     progressing["lastUpdateTime"] = updated
@@ -186,6 +201,12 @@ def compute_status(
     result["waiting"] = observed.given_back[:200] or waiting(pods, rollout)
     if observed.generation is not None:
         result["observedGeneration"] = observed.generation
+    if observed.weights_version:  # what `kubectl get` shows: the version, and how many replicas serve it
+        result["targetVersion"] = observed.weights_version
+        result["targetVersionReplicas"] = sum(
+            p.target_version == observed.weights_version and 0 <= p.ordinal < rollout.replicas and p.rank == 0
+            for p in live
+        )
     if rollout.revision:
         result["revision"] = rollout.revision
     if image:

@@ -9,7 +9,9 @@ from typing import Any
 from eagle3_target.protocol.contract import DEFAULT_PORT
 
 from .disruption import Disruption
+from .generation import Generation
 from .spec_checks import SpecChecks, valid_int_or_percent
+from .weights import Weights
 
 # Fields that steer how pods change over, not what a pod is: they stay out of the revision hash.
 ROLLOUT_FIELDS = frozenset(
@@ -21,6 +23,7 @@ ROLLOUT_FIELDS = frozenset(
         "progress_deadline_seconds",
         "disruption",
         "group_schedule_timeout_seconds",
+        "weights",  # refreshed in place (weights.py), never by replacing pods
     }
 )
 
@@ -111,6 +114,8 @@ class TargetSpec(SpecChecks):
         1  # K > 1: each replica is a group of K pods on K nodes (one leader, K-1 workers)
     )
     group_schedule_timeout_seconds: int = 600
+    generation: Generation = Generation()
+    weights: Weights | None = None
 
     @classmethod
     def parse(cls, spec: dict[str, Any]) -> TargetSpec:
@@ -178,6 +183,8 @@ class TargetSpec(SpecChecks):
             tolerate_gpu_taint=bool(spec.get("tolerateGpuTaint", True)),
             nodes_per_replica=int(spec.get("nodesPerReplica", 1)),
             group_schedule_timeout_seconds=int(spec.get("groupScheduleTimeoutSeconds", 600)),
+            generation=Generation.parse(spec.get("generation")),
+            weights=Weights.parse(spec.get("weights")),
         )
 
     def surge_and_unavailable(self) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from . import builders
 from .kube import Children
 from .planner import PodState
+from .refresh import Refreshes
 
 EXPECTATION_TTL = 60.0  # seconds to trust our own creates/deletes over a watch that has not shown them yet
 MOUNT_GRACE = 10.0  # seconds in ContainerCreating before a pod's FailedMount Events are read
@@ -30,6 +31,7 @@ class Tracked:
     # a pod event's pass waits for the lock: later pod events of this target leave it to that pass, which reads
     # the index (already holding their state) once it starts, instead of queueing one pass each
     pass_waiting: bool = False
+    refreshes: Refreshes = field(default_factory=Refreshes)  # in-place weight refreshes (spec.weights)
 
     def wrote(self, body: dict) -> bool:
         """Whether body is the version this operator's last status write returned (so nothing new)."""

@@ -5,28 +5,32 @@ from __future__ import annotations
 import copy
 
 from .target_spec import TargetSpec
+from .weights import ADMIN_DIR, ADMIN_KEY, admin_secret_name
 
 TOKEN_DIR = "/var/run/eagle3-target"
 CACHE_DIR = "/var/cache/eagle3-target"
 
 
-def pod_volumes(spec: TargetSpec) -> tuple[list[dict], list[dict]]:
+def pod_volumes(spec: TargetSpec, name: str) -> tuple[list[dict], list[dict]]:
     """Scratch space for a read-only root filesystem, the Hugging Face cache (a shared PVC, else a bounded
-    emptyDir), shared memory for NCCL, and the optional model and token."""
+    emptyDir), shared memory for NCCL, the operator's admin token, and the optional model and token."""
     if spec.model_cache_claim:
         cache = {"persistentVolumeClaim": {"claimName": spec.model_cache_claim}}
     else:
         cache = {"emptyDir": {"sizeLimit": spec.model_cache_size_limit}}
     shm = {"medium": "Memory", **({"sizeLimit": spec.shm_size} if spec.shm_size else {})}
+    admin = {"secretName": admin_secret_name(name), "items": [{"key": ADMIN_KEY, "path": ADMIN_KEY}]}
     volumes = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", **cache},
         {"name": "dshm", "emptyDir": shm},
+        {"name": "admin-token", "secret": admin},
     ]
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "cache", "mountPath": CACHE_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "admin-token", "mountPath": ADMIN_DIR, "readOnly": True},
     ]
     if spec.model_volume:
         mv = spec.model_volume

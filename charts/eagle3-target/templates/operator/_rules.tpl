@@ -11,9 +11,18 @@
 - apiGroups: [eagle3.dev]
   resources: [eagle3targets/finalizers]
   verbs: [update]
+# patch: the weights version a pod serves (an annotation, after an in-place refresh)
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [list, watch, create, delete, patch]
+# the readiness gate that lets a new pod join the endpoints once it serves spec.weights
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
+# the admin token Secret <name>-admin, created once and read back (no list or watch: no other Secret is read)
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
 # the operator's own children, read from its watches (its labels select them), created and repaired
 - apiGroups: [""]
   resources: [services, configmaps]
