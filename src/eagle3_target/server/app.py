@@ -21,6 +21,7 @@ from eagle3_target.protocol.rendezvous import TransferError
 from eagle3_target.protocol.wire import EncodedBlob
 
 from . import middlewares
+from .lifecycle_endpoints import LifecycleEndpoints
 from .metrics import ServerMetrics
 from .openai_endpoints import OpenAIEndpoints
 from .options import ServerOptions
@@ -67,13 +68,8 @@ class TargetServer:
             contract.LM_HEAD: (web.post, self.lm_head),
         }
         app.add_routes([method("/" + name, handler, name=name) for name, (method, handler) in routes.items()])
-        app.router.add_post(
-            "/" + contract.REFRESH, self.refresh_weights, name="refresh"
-        )  # before /weights/{name}
+        app.add_routes(LifecycleEndpoints(self.service).routes())  # /weights/refresh before /weights/{name}
         app.router.add_post(f"/{contract.WEIGHTS}/{{name}}", self.weight, name=contract.WEIGHTS)
-        app.router.add_post(
-            contract.SPECULATIVE_EVALUATE, self.speculative_evaluate, name="speculative_evaluate"
-        )
         if self.options.generation.enabled:
             app.add_routes(OpenAIEndpoints(self.service.generation).routes())
         app.on_shutdown.append(self._close_p2p)  # before in-flight handlers are waited for
@@ -170,10 +166,6 @@ class TargetServer:
         tensor = await self.service.weights.weight(_session_id(request), request.match_info["name"])
         return await self.stream_blob(request, EncodedBlob({"weight": tensor}))
 
-    async def refresh_weights(self, request: web.Request) -> web.Response:
-        version = await self.service.refresh.refresh(request.headers, await request.read())
-        return web.json_response({"version": version})
-
     async def init_nccl(self, request: web.Request) -> web.Response:
         # The store binds the address this request reached: our pod address, never a wildcard.
         address = request.transport.get_extra_info("sockname")[0]
@@ -234,10 +226,6 @@ class TargetServer:
         answer.timings["send"] = time.perf_counter() - start
         self.service.pipeline.delivered(answer, "p2p", sent)
         return response
-
-    async def speculative_evaluate(self, request: web.Request) -> web.Response:
-        reply = await self.service.speculative.evaluate(_session_id(request), await request.read())
-        return web.json_response(reply)
 
     async def disconnect(self, request: web.Request) -> web.Response:
         self.service.clients.disconnect(_session_id(request))

@@ -56,20 +56,7 @@ class ServerMetrics:
         )
         self._queue_metrics(r)
         self._generation_metrics(r)
-        self.in_flight = Gauge("eagle3_target_requests_in_flight", "Requests being handled now", registry=r)
-        self.sessions = Gauge(
-            "eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r
-        )
-        self.peer_mapping_conflicts = Counter(
-            "eagle3_target_peer_mapping_conflicts_total",
-            "Vocab mappings that replaced a different one in a session named by peer address",
-            registry=r,
-        )
-        self.heartbeat_timestamp = Gauge(
-            "eagle3_target_heartbeat_timestamp_seconds",
-            "Unix time of the last heartbeat from any client",
-            registry=r,
-        )
+        self._session_metrics(r)
         self.model_load_seconds = Gauge(
             "eagle3_target_model_load_seconds", "Time to load and warm the target model", registry=r
         )
@@ -84,6 +71,23 @@ class ServerMetrics:
             self.sent_bytes.labels(path)  # export both series at 0 so rate() works from the start
         for phase in GENERATE_PHASES:
             self.generate_phase_seconds.labels(phase)
+
+    def _session_metrics(self, r: CollectorRegistry) -> None:
+        """Requests in flight and the clients' sessions (sessions.py)."""
+        self.in_flight = Gauge("eagle3_target_requests_in_flight", "Requests being handled now", registry=r)
+        self.sessions = Gauge(
+            "eagle3_target_sessions_active", "Client sessions not yet ended or expired", registry=r
+        )
+        self.peer_mapping_conflicts = Counter(
+            "eagle3_target_peer_mapping_conflicts_total",
+            "Vocab mappings that replaced a different one in a session named by peer address",
+            registry=r,
+        )
+        self.heartbeat_timestamp = Gauge(
+            "eagle3_target_heartbeat_timestamp_seconds",
+            "Unix time of the last heartbeat from any client",
+            registry=r,
+        )
 
     def _queue_metrics(self, r: CollectorRegistry) -> None:
         """The fair scheduler's queue (scheduler.py), by priority class, every class exported from the start."""

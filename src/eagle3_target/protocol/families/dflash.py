@@ -5,8 +5,8 @@ and lm_head live every step: fetched once.
 
 from __future__ import annotations
 
+from ..family_spec import Family
 from ..features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
-from . import Family
 
 FAMILY = Family(
     name="dflash",

@@ -4,8 +4,8 @@ hidden state and -1 the embedding output, plus the post-norm last hidden state, 
 The last layer is asked as final_hidden (sent once); the adapter puts it in its place in the concatenation.
 """
 
+from ..family_spec import Family
 from ..features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
-from . import Family
 
 
 def ask(layers, num_hidden_layers: int) -> Features:

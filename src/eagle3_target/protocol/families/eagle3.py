@@ -4,8 +4,8 @@ The same tensors as the "nemo" encoding: asked of a server whose own aux layers 
 as NeMo's (no header, the negotiated encoding; client/agreement.py), so a stock NeMo server serves it.
 """
 
+from ..family_spec import Family
 from ..features import WEIGHT_INPUT_EMBEDDINGS, supervision_request
-from . import Family
 
 FAMILY = Family(
     name="eagle3",

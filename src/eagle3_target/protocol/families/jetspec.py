@@ -1,7 +1,7 @@
 """JetSpec (HFDFlashTargetModel with capture_logits): DFlash's layers plus full-vocabulary logits, unshifted."""
 
+from ..family_spec import Family
 from ..features import LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
-from . import Family
 
 FAMILY = Family(
     name="jetspec",

@@ -1,8 +1,8 @@
 """P-EAGLE (TrainEagle3Recipe with parallel_drafting): three aux layers unshifted, full-vocabulary
 target_logits shifted left with a zero last row (the trainer shifts input_ids and loss_mask itself)."""
 
+from ..family_spec import Family
 from ..features import LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, Features
-from . import Family
 
 FAMILY = Family(
     name="peagle",

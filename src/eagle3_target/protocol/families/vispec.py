@@ -3,8 +3,8 @@ image features merged in (the trainer shifts it left), the post-norm last hidden
 full-vocabulary logits and the image mask shifted left. The trainer applies the target's lm_head every step.
 The batch's images travel with the request (contract.IMAGE_KEYS)."""
 
+from ..family_spec import Family
 from ..features import EMBEDDING_OUTPUT, LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
-from . import Family
 
 FAMILY = Family(
     name="vispec",

@@ -2,8 +2,8 @@
 image-text target's language model. NeMo's co-located HFEagleTargetModel gives EAGLE-1's features: the
 post-norm hidden state (the trainer also shifts it left) and full-vocabulary logits shifted left."""
 
+from ..family_spec import Family
 from ..features import LOGITS_FULL, WEIGHT_INPUT_EMBEDDINGS, WEIGHT_LM_HEAD, Features
-from . import Family
 
 FAMILY = Family(
     name="vispec_stage1",
