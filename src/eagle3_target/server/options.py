@@ -49,6 +49,7 @@ class ServerOptions:
     auth_token: str | None = None
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    body_timeout: float = 30.0  # a request body must arrive in full within this long (else 408)
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
     p2p: P2POptions = field(default_factory=P2POptions)
 
@@ -76,6 +77,7 @@ class ServerOptions:
             auth_token=read_token(args.auth_token_file),
             keepalive_timeout=args.keepalive_timeout,
             drain_timeout=args.drain_timeout,
+            body_timeout=args.body_timeout,
             write_timeout=args.write_timeout,
             p2p=p2p,
         )
