@@ -190,4 +190,8 @@ def test_the_example_trainer_job_runs_train_draft_on_a_recipe_nemo_accepts(tmp_p
     monkeypatch.setenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", str(token))
     settings = TrainEagle3Recipe(cfg).remote_target
     assert settings.endpoints == "srv://_http._tcp.llama.default.svc.cluster.local"
-    assert settings.auth_token == "t0ken" and settings.client_options == {} and settings.wait_timeout == 300
+    assert (
+        settings.auth_token == "t0ken"
+        and settings.client_options == {"start_timeout": 300}
+        and settings.wait_timeout == 300
+    )

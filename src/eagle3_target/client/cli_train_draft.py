@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml  # NeMo's own YAML library
 
     from .endpoints import EndpointError
+    from .fleet_errors import fleet_errors
 
     parser = nemo_module("components.config._arg_parser")
     bad_input = (EndpointError, ValueError, yaml.YAMLError)
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except bad_input as exc:
         raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
     try:
-        recipe.setup()
+        with fleet_errors():  # no server ready within remote_target.wait_timeout: one line, exit 4
+            recipe.setup()
     except FleetMismatchError as exc:  # found when the fleet answers, before the first step
         raise CommandError(str(exc), Exit.USAGE) from None
     recipe.run_train_validation_loop()
