@@ -97,6 +97,14 @@ def test_train_draft_refuses_a_config_that_is_not_yaml_in_one_line(tmp_path, cap
             "use NeMo's own TrainEagle3Recipe for a co-located target",
         ),
         (["--config", "{cfg}", "--recipe_args.remote_urls=[http://127.0.0.2:1]"], "remote_target.endpoints"),
+        (
+            ["--config", "{cfg}", "--recipe_args.seq_lenght=32"],
+            "recipe_args.seq_lenght: TrainEagle3Recipe has no such setting; did you mean seq_length?",
+        ),
+        (
+            ["--config", "{cfg}", "--recipe_args.micro_batch_size=abc"],
+            "recipe_args.micro_batch_size='abc': TrainEagle3Recipe takes an integer",
+        ),
     ],
 )
 def test_train_draft_refuses_bad_input_in_one_line_before_any_slow_work(

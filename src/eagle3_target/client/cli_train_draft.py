@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         from .nemo import registry
         from .nemo._imports import nemo_module
         from .nemo.fleet_target import FleetMismatchError
+        from .nemo.recipe_keys import check_recipe_args
     except ImportError as exc:
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     import yaml  # NeMo's own YAML library
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
         recipe_class = nemo.recipe_class(registry.recipe_name(plain(cfg.get("recipe", None))))
+        check_recipe_args(recipe_class, plain(cfg.get("recipe_args", None)))  # before NeMo reads any
         recipe = recipe_class(cfg)
     except ImportError as exc:  # NeMo without the recipe's dependencies
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
