@@ -80,6 +80,14 @@ def test_probe_reports_a_rejected_token_as_unauthorized(farm, tmp_path, capsys):
     assert main(["probe", url, "--auth-token-file", str(wrong)]) == 0
 
 
+def test_probe_says_why_a_dead_port_refused_in_words_and_takes_a_bare_host_and_port(capsys):
+    port = free_port()
+    assert main(["probe", f"127.0.0.1:{port}", "--json"]) == 4
+    (report,) = json.loads(capsys.readouterr().out)["servers"]
+    assert report["url"] == f"http://127.0.0.1:{port}"
+    assert report["error"] == f"cannot connect to 127.0.0.1:{port}: Connection refused"  # no "ssl:default"
+
+
 def test_probe_names_a_name_that_does_not_resolve(dns_server, capsys):
     code = main(["probe", f"dns://{SERVICE}", "--nameserver", dns_server.address, "--resolve-timeout", "0.3"])
     assert code == 4  # unreachable

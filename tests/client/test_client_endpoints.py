@@ -33,10 +33,19 @@ def test_parse_specs():
     assert parse_specs("dns://svc.ns") == [EndpointSpec("dns", "svc.ns", 8001)]
 
 
+def test_a_bare_host_and_port_is_taken_as_http():
+    assert parse_specs("10.0.0.1:8001, svc.ns:9000,[fd00::5]:8001") == [
+        EndpointSpec("http", "http://10.0.0.1:8001"),
+        EndpointSpec("http", "http://svc.ns:9000"),
+        EndpointSpec("http", "http://[fd00::5]:8001"),
+    ]
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("svc.ns:8001", "no scheme"),
+        ("svc.ns", "no scheme"),
+        ("svc.ns:http", "no scheme"),
         ("ftp://svc", "unknown scheme"),
         ("dns://svc:http", "bad port"),
         ("srv://_http._tcp.svc:8001", "SRV records carry the ports"),

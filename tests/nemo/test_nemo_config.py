@@ -97,6 +97,14 @@ def test_train_draft_refuses_a_config_that_is_not_yaml_in_one_line(tmp_path, cap
             "use NeMo's own TrainEagle3Recipe for a co-located target",
         ),
         (["--config", "{cfg}", "--recipe_args.remote_urls=[http://127.0.0.2:1]"], "remote_target.endpoints"),
+        (
+            ["--config", "{cfg}", "--recipe_args.seq_lenght=32"],
+            "recipe_args.seq_lenght: TrainEagle3Recipe has no such setting; did you mean seq_length?",
+        ),
+        (
+            ["--config", "{cfg}", "--recipe_args.micro_batch_size=abc"],
+            "recipe_args.micro_batch_size='abc': TrainEagle3Recipe takes an integer",
+        ),
     ],
 )
 def test_train_draft_refuses_bad_input_in_one_line_before_any_slow_work(
@@ -190,4 +198,8 @@ def test_the_example_trainer_job_runs_train_draft_on_a_recipe_nemo_accepts(tmp_p
     monkeypatch.setenv("EAGLE3_TARGET_AUTH_TOKEN_FILE", str(token))
     settings = TrainEagle3Recipe(cfg).remote_target
     assert settings.endpoints == "srv://_http._tcp.llama.default.svc.cluster.local"
-    assert settings.auth_token == "t0ken" and settings.client_options == {} and settings.wait_timeout == 300
+    assert (
+        settings.auth_token == "t0ken"
+        and settings.client_options == {"start_timeout": 300}
+        and settings.wait_timeout == 300
+    )

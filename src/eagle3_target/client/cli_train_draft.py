@@ -67,24 +67,28 @@ def run(args: argparse.Namespace) -> int:
         from .nemo import registry
         from .nemo._imports import nemo_module
         from .nemo.fleet_target import FleetMismatchError
+        from .nemo.recipe_keys import check_recipe_args
     except ImportError as exc:
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     import yaml  # NeMo's own YAML library
 
     from .endpoints import EndpointError
+    from .fleet_errors import fleet_errors
 
     parser = nemo_module("components.config._arg_parser")
     bad_input = (EndpointError, ValueError, yaml.YAMLError)
     try:
         cfg = parser.parse_args_and_load_config(argv=["--config", str(args.config), *overrides])
         recipe_class = nemo.recipe_class(registry.recipe_name(plain(cfg.get("recipe", None))))
+        check_recipe_args(recipe_class, plain(cfg.get("recipe_args", None)))  # before NeMo reads any
         recipe = recipe_class(cfg)
     except ImportError as exc:  # NeMo without the recipe's dependencies
         raise CommandError(str(exc), Exit.NOT_INSTALLED) from None
     except bad_input as exc:
         raise CommandError(" ".join(str(exc).split()), Exit.USAGE) from None
     try:
-        recipe.setup()
+        with fleet_errors():  # no server ready within remote_target.wait_timeout: one line, exit 4
+            recipe.setup()
     except FleetMismatchError as exc:  # found when the fleet answers, before the first step
         raise CommandError(str(exc), Exit.USAGE) from None
     recipe.run_train_validation_loop()

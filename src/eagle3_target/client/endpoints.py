@@ -56,6 +56,9 @@ def parse_specs(text: str) -> list[EndpointSpec]:
         if not part:
             continue
         scheme, sep, rest = part.partition("://")
+        if not sep and bare_address(part):
+            scheme, sep, rest = "http", "://", part
+            part = "http://" + part  # a bare host:port is a server's address, as probe and curl take it
         if not sep or not rest:
             raise EndpointError(
                 f"endpoint {part!r} has no scheme; use http://host:port, dns://name[:port] or srv://name"
@@ -81,6 +84,15 @@ def parse_specs(text: str) -> list[EndpointSpec]:
     if not specs:
         raise EndpointError("no endpoints given")
     return specs
+
+
+def bare_address(text: str) -> bool:
+    """``host:port`` with nothing else (``[v6]:port`` too): what a user means as an http:// server."""
+    url = urlsplit("//" + text)
+    try:
+        return bool(url.hostname and url.port) and not (url.path or url.query or url.fragment)
+    except ValueError:
+        return False
 
 
 def default_spec() -> str:

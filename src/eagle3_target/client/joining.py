@@ -50,6 +50,12 @@ class Joining(Roster):
         started = loop.time()
         warn = self.options.wait_warnings(started)
         async with self.changed:
+            if not self.healthy():
+                log.info(
+                    "waiting up to %.0fs for a target server to be ready: %s",
+                    self.options.start_timeout,
+                    self.describe(),
+                )
             while not self.healthy():
                 refused = [m.refusal for m in self.members.values() if m.refusal is not None]
                 if refused and len(refused) == len(self.members):
@@ -62,7 +68,7 @@ class Joining(Roster):
                     )
                 if warn.due(now):
                     log.warning(
-                        "no target server ready after %.0fs (start_timeout %.0fs): %s",
+                        "no target server ready after %.0fs of %.0fs: %s",
                         now - started,
                         self.options.start_timeout,
                         self.describe(),

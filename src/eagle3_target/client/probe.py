@@ -23,6 +23,7 @@ from .endpoints import (
     read_auth_token,
 )
 from .limits import new_session
+from .members import short
 
 STATES = ("ready", "loading", "unauthorized", "down")  # what one server is, to this caller
 
@@ -48,7 +49,7 @@ async def probe_server(conn: ServerConnection, pings: int) -> dict[str, Any]:
         report["state"] = "unauthorized" if exc.status in (401, 403) else report["state"]
         report["error"] = f"HTTP {exc.status} {exc.error}: {exc.detail}"
     except (*TRANSIENT_ERRORS, ModelInfoError) as exc:
-        report["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        report["error"] = short(exc)  # aiohttp's own words name ssl:default even for http://
     return report
 
 

@@ -51,6 +51,7 @@ class TargetServer:
                 middlewares.json_errors,
                 middlewares.authenticate(self.options.auth_token),
                 middlewares.identity_bodies,
+                middlewares.bounded_bodies(self.options.max_body_bytes, self.options.body_timeout),
             ],
         )
         routes = {

@@ -143,6 +143,12 @@ def _http_arguments(g) -> None:
         help="close connections idle, or still sending headers, this many seconds (default 30)",
     )
     g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="answer 408 to a request whose body has not arrived in full within this many seconds (default 30)",
+    )
+    g.add_argument(
         "--write-timeout",
         type=float,
         default=60.0,

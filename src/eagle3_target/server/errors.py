@@ -33,6 +33,10 @@ class TooLarge(ServiceError):
     """More than this server takes at once (--max-batch-tokens, an engine's capacity, a body limit)."""
 
 
+class BodyTimeout(ServiceError):
+    """A request body that did not arrive within --body-timeout: a stalled or lying client."""
+
+
 class NotReady(ServiceError):
     """The model is still loading, or the server is draining: ask another server."""
 

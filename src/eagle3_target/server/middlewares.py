@@ -1,5 +1,7 @@
 """The HTTP layer's middlewares, outermost first: observe (metrics, in-flight count), errors (the one
-place a failure becomes a status code and a JSON body {"error", "detail"}, or OpenAI's shape under /v1), authenticate, identity bodies."""
+place a failure becomes a status code and a JSON body {"error", "detail"}, or OpenAI's shape under /v1),
+authenticate, identity bodies, bounded bodies (a declared size checked before, and a deadline on, reading the
+body)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ STATUS: dict[type[errors.ServiceError], int] = {
     errors.NotFound: 404,
     errors.Unauthorized: 401,
     errors.Forbidden: 403,
+    errors.BodyTimeout: 408,
     errors.NoVocabMapping: 409,
     errors.TooLarge: 413,
     errors.OutOfRange: 422,
@@ -107,6 +110,14 @@ def observe(metrics: ServerMetrics, in_flight: InFlight):
 
 @web.middleware
 async def json_errors(request: web.Request, handler):
+    response = await _answer(request, handler)
+    if response.status >= 400 and not request.content.is_eof():
+        # The body was refused unread (413 on its declared size, 408): the connection cannot carry another.
+        response.force_close()
+    return response
+
+
+async def _answer(request: web.Request, handler) -> web.StreamResponse:
     openai = _openai(request)
     try:
         return await handler(request)
@@ -124,7 +135,15 @@ async def json_errors(request: web.Request, handler):
         }.get(exc.status, exc.text or exc.reason)
         code = exc.reason.lower().replace(" ", "_")
         return error_response(exc.status, code, detail, exc.headers, openai=openai)
-    except (ConnectionError, asyncio.CancelledError):  # the client went away: nothing to answer
+    except ConnectionError as exc:
+        # The client hung up mid-request: one line, not aiohttp's traceback (which a ConnectionError
+        # raised out of a handler gets). The answer goes nowhere; aiohttp drops it quietly.
+        log.info(
+            "%s %s: client %s hung up mid-request (%s)", request.method, request.path, request.remote, exc
+        )
+        request[CLIENT_CLOSED_KEY] = True
+        return error_response(CLIENT_CLOSED, "client_closed", str(exc))
+    except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
@@ -162,3 +181,29 @@ async def identity_bodies(request: web.Request, handler):
             openai=_openai(request),
         )
     return await handler(request)
+
+
+def bounded_bodies(max_bytes: int, timeout: float):
+    """Refuse a declared Content-Length over ``max_bytes`` before reading a byte of it, and read every
+    body in full within ``timeout`` seconds (handlers then get aiohttp's cached copy): a client that
+    declares more than it sends holds a connection for ``timeout``, not forever."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        declared = request.content_length
+        if declared is not None and declared > max_bytes:
+            raise errors.TooLarge(
+                "request_entity_too_large",
+                f"Content-Length {declared} is over this server's {max_bytes} bytes (--max-body-bytes)",
+            )
+        try:
+            async with asyncio.timeout(timeout):
+                await request.read()
+        except TimeoutError:
+            raise errors.BodyTimeout(
+                "body_timeout",
+                f"the request body did not arrive within {timeout:g} s (--body-timeout)",
+            ) from None
+        return await handler(request)
+
+    return middleware

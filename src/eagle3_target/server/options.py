@@ -51,6 +51,7 @@ class ServerOptions:
     admin_token: str | None = None  # enables POST /weights/refresh for its holder alone (refresh.py)
     keepalive_timeout: float = 30.0  # idle connections, and ones still sending headers, are closed
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    body_timeout: float = 30.0  # a request body must arrive in full within this long (else 408)
     write_timeout: float = 60.0  # a client that takes no 4 MiB slice of a response in this long is dropped
     p2p: P2POptions = field(default_factory=P2POptions)
     draft_dir_root: str | None = None  # drafts /v1/speculative/evaluate may read; None: it reads none
@@ -81,6 +82,7 @@ class ServerOptions:
             admin_token=read_token(args.admin_token_file, "--admin-token-file"),
             keepalive_timeout=args.keepalive_timeout,
             drain_timeout=args.drain_timeout,
+            body_timeout=args.body_timeout,
             write_timeout=args.write_timeout,
             p2p=p2p,
             draft_dir_root=args.draft_dir_root,

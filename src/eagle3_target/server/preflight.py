@@ -81,6 +81,36 @@ def check_model(model: str | None) -> None:
         looks_like_path = True
     if looks_like_path:
         raise UsageError(f"--model {model}: no such directory (give a local model directory or a hub id)")
+    check_hub_model(model)
+
+
+HUB_PROBE_TIMEOUT = 5.0  # one request, no retries: a typo answers in seconds, not in a minute of backoff
+
+
+def check_hub_model(model: str) -> None:
+    """A hub id that is neither in the local cache nor on the hub is one line within seconds: transformers'
+    own lookup retries each file with backoff for a minute when the hub cannot be reached, then speaks of
+    the network only. A name with no ``org/`` is most often a local folder's typo, so the line says there is
+    no such folder too."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return  # cached: transformers loads it without the hub
+    folder = f"there is no local folder {model!r}, and " if "/" not in model else ""
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError(f"--model {model}: {folder}the hub cache has no such model (HF_HUB_OFFLINE is set)")
+    try:
+        HfApi().model_info(model, timeout=HUB_PROBE_TIMEOUT)
+    except RepositoryNotFoundError:
+        raise UsageError(
+            f"--model {model}: {folder}the hub has no model {model} (a private or gated one needs $HF_TOKEN)"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 -- whatever the network says, it is this one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"--model {model}: {folder}the hub cannot be reached to look for it ({reason})"
+        ) from None
 
 
 def model_config(model: str | None, trust_remote_code: bool):

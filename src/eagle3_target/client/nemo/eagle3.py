@@ -5,6 +5,8 @@ the same class trains P-EAGLE (peagle.py), whose target this recipe's co-located
 
 from __future__ import annotations
 
+import time
+
 from ._imports import nemo_module
 from .backend import NeMoTargetBackend
 from .fleet_cycles import FleetCycles
@@ -84,6 +86,7 @@ class TrainEagle3Recipe(FleetCycles, FleetRecipe, _nemo_recipe.TrainEagle3Recipe
         settings = self.remote_target
         packing = int(recipe_cfg.get("packed_sequence_size", 0) or 0) > 0
         self.target_model = None
+        started = time.monotonic()
         self.target_wrapper = NeMoTargetBackend(
             settings.endpoints,
             settings.auth_token,
@@ -93,9 +96,10 @@ class TrainEagle3Recipe(FleetCycles, FleetRecipe, _nemo_recipe.TrainEagle3Recipe
         )
         # NeMo caps its prefetch depth at num_remote_servers, read later in setup(): let every server
         # that discovery found join first (the backend returns as soon as the first one is ready).
-        self.target_wrapper.wait_for_servers(settings.wait_timeout)
+        self.target_wrapper.wait_for_servers(settings.wait_left(started))
         # NeMo's co-located target computes in the draft's dtype: a fleet in another one is refused at setup
         check_dtype(getattr(self, "compute_dtype", None), self.target_wrapper.model_info())
+        self.check_target(self.target_wrapper.model_info())  # and the recipe's target, by its config
 
     def _setup_colocated_target(self, recipe_cfg, target_path, draft_base_config):
         if not self.parallel_drafting:

@@ -1,7 +1,7 @@
 """`FleetRecipe`: what every remote recipe does around NeMo's, written once. Mixed in before NeMo's recipe
 class, it reads ``remote_target:`` (remote.py) before any slow work, refuses the parallelism that shards a
 co-located target, seeds torch when asked, opens the fleet for its family when NeMo builds the target
-(checking the draft's dtype against the fleet's), wraps the loaders for prefetch and closes the fleet when
+(checking the draft's dtype and the recipe's target against the fleet's), wraps the loaders for prefetch and closes the fleet when
 the loop ends. A family's adapter says only where NeMo builds its target (``fleet_setup`` or one of NeMo's
 hooks calling ``open_fleet_target``) and how a capture becomes NeMo's batch (its FleetTarget).
 """
@@ -17,6 +17,7 @@ from .family import FleetFamily
 from .fleet_target import FleetTarget, open_backend
 from .registry import by_recipe
 from .remote import RemoteTargetSettings
+from .target_check import check_target
 
 
 class FleetRecipe:
@@ -75,10 +76,15 @@ class FleetRecipe:
             layers,
             num_layers,
             draft_dtype=getattr(self, "compute_dtype", None),
+            check_info=self.check_target,
         )
         return self.fleet_target(
             backend, weights, self.device, self.remote_target, layers, num_layers, **extra
         )
+
+    def check_target(self, info: dict) -> None:
+        """The fleet's /model_info against the recipe's own target (target_check.py)."""
+        check_target(self.cfg.get("recipe_args", None), info, self.remote_target.allow_target_mismatch)
 
     def run_train_validation_loop(self):
         try:

@@ -10,7 +10,8 @@ trainer's device with the same ops, so a batch is bit-identical to NeMo's when t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -59,11 +60,13 @@ def open_backend(
     num_layers: int = 0,
     draft_dtype: torch.dtype | None = None,
     fetch_weights: bool = True,
+    check_info: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[RemoteTargetBackend, dict[str, torch.Tensor]]:
     """RemoteTargetBackend asking the fleet for what ``family`` asks (its compact request if the settings
     say so) of ``layers``, or, with None, of each server's own aux layers (EAGLE-3, as NeMo's remote target
     takes them), once every server that discovery found has joined (or failed to); its dtype checked against
-    ``draft_dtype``; and (``fetch_weights``) the family's one-time weights on ``device``, fetched once per
+    ``draft_dtype``, and its /model_info by ``check_info`` (the recipe's target, target_check.py), both before
+    any weight is fetched; and (``fetch_weights``) the family's one-time weights on ``device``, fetched once per
     job however many ranks run."""
     pool, backend_kwargs = split_options(settings.client_options)
     backend_kwargs.setdefault("device", device)
@@ -73,14 +76,17 @@ def open_backend(
         if layers is not None
         else lambda info: ask(info.aux_layer_ids, info.num_hidden_layers)
     )
+    started = time.monotonic()
     backend = RemoteTargetBackend(
         settings.endpoints, auth_token=settings.auth_token, options=pool, features=features, **backend_kwargs
     )
     try:
         if settings.wait_timeout:
-            backend.wait_for_servers(settings.wait_timeout)
+            backend.wait_for_servers(settings.wait_left(started))
         if draft_dtype is not None:
             check_dtype(draft_dtype, backend.model_info())
+        if check_info is not None:
+            check_info(backend.model_info())
         if not fetch_weights:
             return backend, {}
         names = one_time_weights(family, settings.compact)

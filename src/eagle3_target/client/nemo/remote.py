@@ -4,18 +4,20 @@ into `RemoteTargetSettings`.
 remote_target:
   endpoints: srv://_http._tcp.llama-targets.default.svc.cluster.local  # default: $EAGLE3_TARGET_SERVICE
   auth_token_file: /var/run/eagle3-target/token  # default: $EAGLE3_TARGET_AUTH_TOKEN_FILE
-  wait_timeout: 60  # seconds to let the discovered servers join before the recipe sizes its prefetch
+  wait_timeout: 300  # the one wait for the fleet: the first ready server, then the rest found by then
   max_in_flight: 1  # ... and any other client option (PoolOptions fields, nameserver, device)
   seed: 42  # optional: seed torch before setup (NeMo's recipe, and ours without it, keep the caller's seed)
   prefetch_depth: 2  # the recipes whose loops ask per batch: how far ahead the loaders submit
   compact: true  # the families with a compact request: ask it instead of full-vocabulary logits
   draft_root: /shared/drafts  # decode_eval: the servers' --draft-dir-root as mounted here (fleet_cycles.py)
+  allow_target_mismatch: false  # true: train against a fleet serving another target than the recipe's, on purpose
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ from ..backend import RemoteTargetBackend
 from ..endpoints import EndpointError, default_spec, parse_specs, read_auth_token
 from ..options import PoolOptions
 
-DEFAULT_WAIT_TIMEOUT = 60.0
+DEFAULT_WAIT_TIMEOUT = 300.0  # a large target takes minutes to load (PoolOptions.start_timeout's default)
 POOL_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(PoolOptions))
 BACKEND_OPTION_NAMES = frozenset(inspect.signature(RemoteTargetBackend).parameters) - {
     "endpoints",
@@ -56,9 +58,23 @@ def depth_setting(value: Any) -> int | None:
     return value
 
 
-def compact_setting(value: Any) -> bool:
+def wait_setting(options: dict[str, Any]) -> float:
+    """remote_target.wait_timeout: the recipes' one wait for the fleet, so the client's start_timeout is
+    set from it, never beside it."""
+    if "start_timeout" in options:
+        raise ValueError(
+            "remote_target.start_timeout: the recipes wait for the fleet by remote_target.wait_timeout "
+            "alone (the first ready server, then the rest); set that instead"
+        )
+    value = options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"remote_target.wait_timeout={value!r}: a positive number of seconds")
+    return float(value)
+
+
+def flag_setting(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"remote_target.compact={value!r}: true or false")
+        raise ValueError(f"remote_target.{name}={value!r}: true or false")
     return value
 
 
@@ -79,6 +95,7 @@ class RemoteTargetSettings:
     prefetch_depth: int | None = None  # None: the fleet's capacity (servers x max_in_flight)
     compact: bool = False
     draft_root: str | None = None
+    allow_target_mismatch: bool = False  # target_check.py: a fleet serving another target trains, warned
 
     @classmethod
     def parse(cls, section: dict[str, Any] | None) -> RemoteTargetSettings:
@@ -92,12 +109,22 @@ class RemoteTargetSettings:
             token = read_auth_token(token_file)
         except EndpointError as exc:
             raise EndpointError(f"remote_target.auth_token_file={exc}" if token_file else str(exc)) from None
+        wait = wait_setting(options)
+        options["start_timeout"] = wait
         own = dict(
-            wait_timeout=float(options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT)),
+            wait_timeout=wait,
             seed=seed_setting(options.pop("seed", None)),
             prefetch_depth=depth_setting(options.pop("prefetch_depth", None)),
-            compact=compact_setting(options.pop("compact", False)),
+            compact=flag_setting("compact", options.pop("compact", False)),
             draft_root=draft_root_setting(options.pop("draft_root", None)),
+            allow_target_mismatch=flag_setting(
+                "allow_target_mismatch", options.pop("allow_target_mismatch", False)
+            ),
         )
         split_options(options)  # a misspelt option fails here too
         return cls(endpoints=endpoints, auth_token=token, client_options=options, **own)
+
+    def wait_left(self, started: float) -> float:
+        """What is left at ``time.monotonic()`` of the one wait begun at ``started``: the servers found
+        after the first ready one get the rest of it, not a second wait_timeout."""
+        return max(0.0, self.wait_timeout - (time.monotonic() - started))

@@ -6,35 +6,13 @@ This module imports only the standard library until run(), so help and bad argum
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
 
 from eagle3_target.exits import CommandError, Exit
 
+from ..fleet_errors import fleet_errors
 from .options import add_arguments, check, check_family_flags
 
 __all__ = ["add_arguments", "run"]
-
-
-@contextmanager
-def fleet_errors():
-    """The fleet's failures as one line each, with the exit code every command gives them (docs/cli.md)."""
-    from eagle3_target.client import (
-        BatchFailedError,
-        EncodingError,
-        EndpointError,
-        ModelMismatchError,
-        ServerError,
-    )
-
-    try:
-        yield
-    except (EndpointError, BatchFailedError) as exc:
-        raise CommandError(str(exc), Exit.UNREACHABLE) from None
-    except ServerError as exc:
-        unauthorized = exc.status in (401, 403)
-        raise CommandError(str(exc), Exit.UNAUTHORIZED if unauthorized else Exit.FAILED) from None
-    except (ModelMismatchError, EncodingError) as exc:
-        raise CommandError(str(exc), Exit.USAGE) from None
 
 
 def run(args: argparse.Namespace) -> int:
