@@ -139,8 +139,10 @@ def main() -> None:
     ).tolist()
     prompts = chat_prompts(args.data, args.prompts) if args.data else [{"input_ids": p} for p in ids]
     source = f"from {args.data}" if args.data else f"of {args.prompt_tokens} random tokens"
-    print(f"torch {torch.__version__}, server threads {args.threads}; {len(prompts)} prompts {source}, "
-          f"{args.max_tokens} new tokens each, K={args.k}")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, server threads {args.threads}; {len(prompts)} prompts {source}, "
+        f"{args.max_tokens} new tokens each, K={args.k}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         target, drafts = args.target or Path(tmp) / "target", Path(tmp) / "drafts"
         if args.target is None:
@@ -164,8 +166,10 @@ def main() -> None:
     for k, reply in replies.items():
         rate[k] = reply["output_tokens"] / statistics.median(seconds[k])
         name = "greedy" if k == 0 else "speculative"
-        print(f"{name:12}{k:>3}{reply['output_tokens']:>8}{reply['steps']:>7}{reply['acceptance_length']:>12.3f}"
-              f"{statistics.median(seconds[k]):>10.2f}{rate[k]:>9.1f}")  # fmt: skip
+        print(
+            f"{name:12}{k:>3}{reply['output_tokens']:>8}{reply['steps']:>7}{reply['acceptance_length']:>12.3f}"
+            f"{statistics.median(seconds[k]):>10.2f}{rate[k]:>9.1f}"
+        )
     print(f"accepted per position: {' '.join(f'{r:.3f}' for r in replies[args.k]['acceptance_rates'])}")
     print(f"speculative/greedy tokens/s: {rate[args.k] / rate[0]:.2f}x")
 

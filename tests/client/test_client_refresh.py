@@ -33,9 +33,15 @@ def token_file(tmp_path):
 
 async def cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "eagle3_target.cli", "refresh", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=os.environ.copy(),
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "eagle3_target.cli",
+        "refresh",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=os.environ.copy(),
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode, out.decode(), err.decode()
 
@@ -60,9 +66,17 @@ async def test_every_replica_is_refreshed_and_its_version_printed(tiny_model_dir
     async with fleet(tiny_model_dir, ADMIN, ADMIN) as servers:
         urls = [s.url for s in servers]
         code, out, err = await cli(
-            "--url", *urls, "--from", str(weights_b), "--version", "step-9",
-            "--admin-token-file", str(token_file), "--max-parallel", "1",
-        )  # fmt: skip
+            "--url",
+            *urls,
+            "--from",
+            str(weights_b),
+            "--version",
+            "step-9",
+            "--admin-token-file",
+            str(token_file),
+            "--max-parallel",
+            "1",
+        )
         assert code == 0, err
         assert out.splitlines() == [f"{url}: step-9" for url in urls]
         assert [await version_of(s) for s in servers] == ["step-9", "step-9"]
@@ -72,9 +86,15 @@ async def test_a_refusal_names_the_replica_and_stops_the_rollout(tiny_model_dir,
     async with fleet(tiny_model_dir, ADMIN, None, ADMIN) as servers:
         before = await version_of(servers[2])
         code, out, err = await cli(
-            "--url", *[s.url for s in servers], "--from", str(weights_b), "--version", "step-9",
-            "--admin-token-file", str(token_file),
-        )  # fmt: skip
+            "--url",
+            *[s.url for s in servers],
+            "--from",
+            str(weights_b),
+            "--version",
+            "step-9",
+            "--admin-token-file",
+            str(token_file),
+        )
         assert code == 1 and out.splitlines() == [f"{servers[0].url}: step-9"]
         line = err.strip()
         assert line == (

@@ -120,9 +120,24 @@ class _Oracle(torch.nn.Module):
 def test_evaluate_command_reports_acceptance_and_the_greedy_tokens(lab, tmp_path):
     root, server, model = lab
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "eagle3_target.cli", "evaluate", "--url", server.url, "--draft", "run/checkpoints",
-           "--data", str(root / "chats.jsonl"), "--num-speculative-tokens", "2", "--max-tokens", "8",
-           "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_target.cli",
+        "evaluate",
+        "--url",
+        server.url,
+        "--draft",
+        "run/checkpoints",
+        "--data",
+        str(root / "chats.jsonl"),
+        "--num-speculative-tokens",
+        "2",
+        "--max-tokens",
+        "8",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "acceptance length" in done.stdout and "tokens/s" in done.stdout
@@ -173,8 +188,24 @@ def test_bad_requests_get_one_line_errors(lab, body, status, error):
 def test_evaluate_command_against_a_dead_url_ends_in_one_line(tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    cmd = [sys.executable, "-m", "eagle3_target.cli", "evaluate", "--url", "http://127.0.0.1:9", "--draft", "d",
-           "--data", str(data), "--num-speculative-tokens", "2", "--max-tokens", "4", "--wait", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_target.cli",
+        "evaluate",
+        "--url",
+        "http://127.0.0.1:9",
+        "--draft",
+        "d",
+        "--data",
+        str(data),
+        "--num-speculative-tokens",
+        "2",
+        "--max-tokens",
+        "4",
+        "--wait",
+        "1",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 4, done.stderr
     assert done.stderr.count("\n") == 1 and "no target server ready" in done.stderr
