@@ -7,8 +7,11 @@ name, from its family's adapter, imported when first asked for (loading.py).
 
 from __future__ import annotations
 
+from ._imports import require_nemo
 from .loading import recipe_class
 from .registry import recipes
+
+require_nemo()  # without NeMo AutoModel, importing this package says what to install
 
 
 def __getattr__(name: str):
