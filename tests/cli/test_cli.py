@@ -54,6 +54,13 @@ def test_help_needs_only_the_base_install(command):
     assert done.stdout.startswith(f"usage: eagle3-target {command}")
 
 
+def test_train_draft_help_says_where_the_servers_come_from():
+    done = cli("train-draft", "--help", block=EXTRAS_MODULES)
+    text = " ".join(done.stdout.split())
+    assert "remote_target.endpoints" in text and "$EAGLE3_TARGET_SERVICE" in text, done.stdout
+    assert "remote_target.wait_timeout" in text
+
+
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_option_has_help_naming_its_default(command):
     parser, _ = build_parser(command)

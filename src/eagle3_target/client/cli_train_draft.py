@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from eagle3_target.exits import CommandError, Exit
+from eagle3_target.protocol.contract import SERVICE_ENV
 
 # The top-level CLI hands the arguments it does not know to this command as args.overrides.
 ACCEPTS_OVERRIDES = True
@@ -26,7 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="NeMo recipe YAML (required); its recipe: key picks the recipe",
     )
-    p.epilog = "Any --dotted.key=value (or --dotted.key value) overrides that key of the YAML."
+    p.epilog = (
+        "Any --dotted.key=value (or --dotted.key value) overrides that key of the YAML. The target servers are "
+        "the YAML's remote_target.endpoints (URLs, host:port, or srv:// / dns:// names), else "
+        f"${SERVICE_ENV}, which the operator sets in trainer pods; remote_target.wait_timeout bounds the wait "
+        "for them."
+    )
 
 
 def override_argv(tokens: list[str]) -> list[str]:
