@@ -109,6 +109,19 @@ def test_difference_names_the_identity_fields_that_differ_and_nothing_else():
     assert "aux_layer_ids=[1, 15, 28]" in ours.describe() and "dtype=bfloat16" in ours.describe()
 
 
+def test_a_sub_configs_dtype_is_not_digested_either():
+    """A vision-language config as a trainer reads it and as a float32 load leaves it: one digest."""
+    read = {"model_type": "qwen2_5_vl", "text_config": {"hidden_size": 64}, "vision_config": {"depth": 2}}
+    loaded = {
+        "model_type": "qwen2_5_vl",
+        "dtype": "float32",
+        "text_config": {"hidden_size": 64, "dtype": "float32"},
+        "vision_config": {"depth": 2, "dtype": "float32"},
+    }
+    assert config_digest(read) == config_digest(loaded)
+    assert config_digest(read) != config_digest({**read, "text_config": {"hidden_size": 32}})
+
+
 def test_the_config_digest_is_the_models_not_the_librarys():
     """A fleet on one transformers and a trainer on NeMo's pinned 5.18.0 read one config alike."""
     config = {"model_type": "llama", "num_hidden_layers": 8, "transformers_version": "5.24.0"}

@@ -26,8 +26,14 @@ UNDIGESTED_CONFIG_KEYS = ("_name_or_path", "torch_dtype", "dtype", "transformers
 
 
 def defining_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A Hugging Face config dict (``to_diff_dict()``) without the keys that do not define the model."""
-    return {k: v for k, v in config.items() if k not in UNDIGESTED_CONFIG_KEYS}
+    """A Hugging Face config dict (``to_diff_dict()``) without the keys that do not define the model, in its
+    sub-configs too (a vision-language model loaded in float32 has ``text_config.dtype`` set; its config.json
+    read by a trainer does not)."""
+    return {
+        k: defining_config(v) if isinstance(v, Mapping) else v
+        for k, v in config.items()
+        if k not in UNDIGESTED_CONFIG_KEYS
+    }
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
