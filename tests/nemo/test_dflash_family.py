@@ -121,7 +121,7 @@ def test_token_auth_covers_the_weights_and_the_captures(target, references, tmp_
                 [server.url],
                 tmp_path / "bad",
                 auth_token_file=str(token),
-                start_timeout=30,
+                wait_timeout=30,
             )
         assert refused.value.status == 401
     finally:
