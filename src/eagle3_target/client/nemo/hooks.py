@@ -20,6 +20,10 @@ PRIVATE_HOOKS = {
         "seq_length=None, cp_zigzag=False, cp_mode='ring')"
     ),
     "recipes.llm.train_eagle3:_validate_tp_gates": "(tp_size, backend, cp_size)",
+    # regen: and decode_eval: on the fleet (fleet_cycles.py): the runners' setup and the end of training
+    "recipes.llm.train_eagle3:TrainEagle3Recipe._setup_regen": "(self, recipe_cfg, target_path)",
+    "recipes.llm.train_eagle3:TrainEagle3Recipe._train_epochs": "(self, start_epoch, is_ddp, pbar=None)",
+    "recipes.llm.train_eagle3:TrainEagle3Recipe._finalize_training": "(self)",
     # the DFlash family (dflash.py, jetspec.py): the target model, its wrapper and the draft's mesh
     "recipes.llm.train_dflash:_submesh_or_none": "(device_mesh, name)",
     "recipes.llm.train_dflash:TrainDFlashRecipe._build_target_model": "(self, recipe_cfg, target_path, draft_spec)",
