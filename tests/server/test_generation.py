@@ -159,7 +159,9 @@ async def test_metrics_count_generated_tokens_requests_and_time_to_first_token()
     async with serve(HFRunner.load) as srv:
         registry = srv.server.metrics.registry
         await post(srv, CHAT, chat("w1 w2", max_tokens=5, temperature=0))
-        await streamed(srv, COMPLETIONS, {"model": EMBEDDED_MODEL, "prompt": "w3", "max_tokens": 7})
+        await streamed(
+            srv, COMPLETIONS, {"model": EMBEDDED_MODEL, "prompt": "w3", "max_tokens": 7, "temperature": 0}
+        )
         assert registry.get_sample_value("eagle3_target_generated_tokens_total") == 12
         assert registry.get_sample_value("eagle3_target_generation_requests_total", {"finish": "length"}) == 2
         assert registry.get_sample_value("eagle3_target_time_to_first_token_seconds_count") == 2
