@@ -21,6 +21,7 @@ from eagle3_target.client.connection import RequestRejected, ServerConnection, S
 from eagle3_target.client.dispatch import TargetPool
 from eagle3_target.client.endpoints import EndpointResolver, parse_specs
 from eagle3_target.client.errors import BatchFailedError
+from eagle3_target.client.fetch import Reply
 from eagle3_target.client.members import Member, MemberState
 from eagle3_target.client.p2p import P2PUnavailable
 from eagle3_target.protocol import encodings
@@ -421,13 +422,14 @@ async def test_every_silent_server_is_hedged_in_turn_and_slots_are_counted_not_s
 async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_features(monkeypatch, caplog):
     # each member's agreement holds the feature request it was admitted for
     features = Features(layers=(1,))
+    captured = Reply("nemo", {}, features=features)
     calls = []
 
     async def fetch_capture(conn, agreement, request, shape, blob, features):
         calls.append((conn.url, agreement, request, shape, blob, features))
         if len(calls) == 1:
             await asyncio.Event().wait()  # the first server is silent
-        return "captured"
+        return captured
 
     monkeypatch.setattr(dispatch_module, "fetch_capture", fetch_capture)
     async with pool_of(2, hedge_after=0.2, deadline=5.0) as pool:
@@ -435,7 +437,7 @@ async def test_a_capture_is_a_hedged_generate_with_the_jobs_mapping_shape_and_fe
         for member in (a, b):
             member.agreement = Agreement(ModelInfo(8, 64, 512, (1, 3, 4)), features=features)
         pool.membership.vocab_blob = b"mapping"
-        assert await pool.capture(b"request", 2, 16, 96) == "captured"
+        assert await pool.capture(b"request", 2, 16, 96) is captured
     assert calls == [(m.url, m.agreement, b"request", (2, 16, 96), b"mapping", features) for m in (a, b)]
     assert pool.hedges == 1
     assert f"{a.url} has not answered /generate for 0.2s" in caplog.text
@@ -482,14 +484,14 @@ async def test_supervision_is_a_hedged_generate_with_the_jobs_mapping_and_shape(
     assert pool.hedges == 1 and f"{a.url} has not answered /generate for 0.2s" in caplog.text
 
 
-async def test_a_hidden_reply_gets_the_mappings_head_rows_fetched_once_per_mapping(monkeypatch):
-    fetched = []
+async def test_a_hidden_reply_gets_the_head_rows_fetched_once_per_mapping_and_target_version(monkeypatch):
+    fetched, served = [], {"version": None}
 
     async def fetch_supervision(conn, agreement, request, shape, blob):
-        return dispatch_module.Reply(encodings.HIDDEN, {})
+        return dispatch_module.Reply(encodings.HIDDEN, {}, target_version=served["version"])
 
-    async def fetch_lm_head(conn, agreement, draft_vocab):
-        fetched.append((conn.url, agreement, draft_vocab))
+    async def fetch_lm_head(conn, agreement, draft_vocab, version):
+        fetched.append((conn.url, agreement, draft_vocab, version))
         return len(fetched)
 
     monkeypatch.setattr(dispatch_module, "fetch_supervision", fetch_supervision)
@@ -502,7 +504,9 @@ async def test_a_hidden_reply_gets_the_mappings_head_rows_fetched_once_per_mappi
             assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 1
         pool.membership.vocab_blob = b"second"
         assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 2
-    assert fetched == [(member.url, member.agreement, 96)] * 2
+        member.version = served["version"] = "v2"  # refreshed: the rows are of other weights
+        assert (await pool.generate(b"request", 2, 16, 96)).head_rows == 3
+    assert fetched == [(member.url, member.agreement, 96, v) for v in (None, None, "v2")]
 
 
 async def test_weights_and_embeddings_fail_over_and_name_what_was_asked(monkeypatch):

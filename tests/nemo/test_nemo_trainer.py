@@ -8,8 +8,6 @@ per-step losses and final draft weights; so must NeMo's recipe through our Train
 
 from __future__ import annotations
 
-import collections
-import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -17,23 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from nemo_automodel.components.datasets.llm.eagle3 import (
-    build_eagle3_dataloader,
-    load_or_build_eagle3_token_mapping,
-)
 from nemo_automodel.components.speculative.eagle import (
-    Eagle3TrainerModule,
     HFEagle3TargetModel,
-    LlamaEagle3DraftModel,
 )
 from nemo_automodel.recipes.llm import train_eagle3 as nemo_recipe
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from eagle3_target.cli import main
 from eagle3_target.client import ServerError
 from eagle3_target.client.nemo import NeMoTargetBackend, TrainEagle3Recipe
 
+from .eagle3_loop import assert_identical, nemo_batches, train
 from .exactness import SEED, CpuAutoModel, load_config, start_fleet
 from .nemo_support import build_target, write_chats
 
@@ -59,77 +52,13 @@ def fleet(target):
 
 @pytest.fixture(scope="module")
 def data(target):
-    model, chats = target
-    loader = build_eagle3_dataloader(
-        data_path=str(chats),
-        tokenizer=AutoTokenizer.from_pretrained(model),
-        seq_length=32,
-        batch_size=2,
-        shuffle=False,
-    )
-    ids, mask = load_or_build_eagle3_token_mapping(loader, target_vocab_size=512, draft_vocab_size=128)
-    batches = [(b["input_ids"], b["attention_mask"], b["loss_mask"]) for b in loader]
-    return batches, ids, mask
-
-
-def prefetched(backend, batches):
-    """NeMo's prefetch pattern: up to num_remote_servers requests in flight, results in order."""
-    it = iter(batches)
-    pending = collections.deque(
-        backend.generate_batch_async(*b) for b in itertools.islice(it, backend.num_remote_servers)
-    )
-    while pending:
-        result = pending.popleft().result(timeout=120)
-        pending.extend(backend.generate_batch_async(*b) for b in itertools.islice(it, 1))
-        yield result
-
-
-def train(backend, data, model: Path, *, prefetch: bool, after_step=None):
-    """Per-step losses and final draft weights of EAGLE-3 training with NeMo's own modules."""
-    batches, ids, mask = data
-    backend.set_vocab_mapping(ids, mask)
-    config = AutoModelForCausalLM.from_pretrained(model).config.to_dict()
-    config.update(
-        draft_vocab_size=ids.numel(),
-        target_hidden_size=config["hidden_size"],
-        architectures=["LlamaEagle3DraftModel"],
-        tie_word_embeddings=False,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(SEED)
-    draft = LlamaEagle3DraftModel(LlamaConfig.from_dict(config))
-    draft.copy_embeddings_from_target(backend.get_input_embeddings())
-    draft.set_vocab_mapping(ids)
-    draft.freeze_embeddings()
-    trainer = Eagle3TrainerModule(draft, selected_token_ids=ids, selected_token_mask=mask, ttt_steps=2)
-    optimizer = torch.optim.AdamW([p for p in trainer.parameters() if p.requires_grad], lr=1e-3)
-    supervision = prefetched(backend, batches) if prefetch else (backend.generate_batch(*b) for b in batches)
-    losses = []
-    for step, target_batch in enumerate(supervision):
-        metrics = trainer(**target_batch.to_trainer_inputs())
-        metrics.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(metrics.loss.detach())
-        if after_step is not None:
-            after_step(step)
-    return torch.stack(losses), {k: v.clone() for k, v in draft.state_dict().items()}
+    return nemo_batches(*target)
 
 
 @pytest.fixture(scope="module")
 def colocated(target, data):
     model = AutoModelForCausalLM.from_pretrained(target[0])
     return train(HFEagle3TargetModel(model), data, target[0], prefetch=False)
-
-
-def assert_identical(got, reference):
-    losses, weights = got
-    ref_losses, ref_weights = reference
-    assert ref_losses[-1] < ref_losses[0] - 0.1, "the reference loss must move, or equality proves little"
-    assert torch.equal(losses, ref_losses), (losses, ref_losses)
-    assert weights.keys() == ref_weights.keys()
-    for name, value in ref_weights.items():
-        assert torch.equal(weights[name], value), name
 
 
 @pytest.mark.parametrize("encoding", ["nemo", "logits"])  # NeMo's reply, and our compact exact one

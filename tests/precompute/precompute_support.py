@@ -3,15 +3,18 @@ command in this process or in a process of its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eagle3_target import cli
+from eagle3_target.client.precompute.cache import VERSION_FILE
 from eagle3_target.server.runners.tiny import TINY_LLAMA
 
 # The command's settings for the tiny data: 12 samples, shards of 4, so 3 shards of 2 batches.
@@ -60,8 +63,23 @@ def precompute_process(*args: str, env: dict[str, str] | None = None) -> subproc
 
 
 def cache_files(directory: Path) -> dict[str, bytes]:
-    """Every file of a cache by name (no temporaries: those start with a dot)."""
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if not p.name.startswith(".")}
+    """NeMo's files of a cache by name: not temporaries (those start with a dot), nor the target version
+    recorded beside them (cache_version)."""
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(directory.iterdir())
+        if not p.name.startswith(".") and p.name != VERSION_FILE
+    }
+
+
+def cache_version(directory: Path) -> str:
+    return json.loads((directory / VERSION_FILE).read_text())["target_version"]
+
+
+def served_version(url: str) -> str:
+    request = urllib.request.Request(f"{url}/model_info", data=b"", method="POST")
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=30) as reply:
+        return json.load(reply)["target_version"]
 
 
 def cache_tensors(directory: Path) -> dict[str, dict]:

@@ -12,10 +12,11 @@ import pytest
 from nemo_automodel.components.speculative import precompute_eagle3
 from target_support import free_port
 
+from eagle3_target.client.precompute.cache import VERSION_FILE
 from eagle3_target.client.precompute.options import add_arguments
 from eagle3_target.exits import Exit
 
-from .precompute_support import argv, cache_files, precompute
+from .precompute_support import argv, cache_files, precompute, served_version
 
 NOT_OURS = {"device", "log_level", "help"}  # the fleet runs the target; the top-level CLI sets the log level
 
@@ -73,6 +74,25 @@ def test_an_output_directory_with_shards_and_no_resume(target, tmp_path, capsys)
         f"{tmp_path} already has shards; pass --resume to continue or use a fresh dir"
     )
     assert cache_files(tmp_path) == {"shard-000000.safetensors": b"earlier run"}
+
+
+def test_a_target_version_that_is_no_version(target, tmp_path, capsys):
+    assert precompute(*argv(closed_port(), tmp_path / "out", *target, "--target-version", "step 9")) == 2
+    assert one_error_line(capsys).startswith(
+        "--target-version: target_version is 'newest' or a target version"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_resumed_cache_of_another_target_version_is_refused(hf_server, target, tmp_path, capsys):
+    (tmp_path / VERSION_FILE).write_text('{"target_version": "policy-1"}')
+    assert precompute(*argv(hf_server.url, tmp_path, *target, "--resume")) == 2
+    version = served_version(hf_server.url)
+    assert one_error_line(capsys) == (
+        f"{tmp_path} holds a cache made from target version policy-1, and this run's is {version}: "
+        "pass --target-version policy-1 while the fleet serves it, or use a fresh directory"
+    )
+    assert not any(name.startswith("shard") for name in cache_files(tmp_path))
 
 
 def test_an_empty_fleet(target, tmp_path, capsys):

@@ -13,7 +13,15 @@ import yaml
 from nemo_automodel.components.config._arg_parser import parse_args_and_load_config
 from nemo_automodel.recipes.llm import train_eagle3 as nemo_recipe
 
-from .precompute_support import argv, cache_files, cache_tensors, nemo_precompute, precompute
+from .precompute_support import (
+    argv,
+    cache_files,
+    cache_tensors,
+    cache_version,
+    nemo_precompute,
+    precompute,
+    served_version,
+)
 
 TOPK = 16  # below the draft vocabulary (128), so NeMo stores the top-k factorization
 
@@ -51,6 +59,7 @@ def test_the_cache_equals_nemos_file_for_file(encoding, topk, hf_server, target,
         for key, value in tensors.items():
             assert got[name][key].dtype == value.dtype and torch.equal(got[name][key], value), (name, key)
     assert ours == theirs  # and byte for byte
+    assert cache_version(tmp_path) == served_version(hf_server.url)  # recorded beside NeMo's files
 
 
 def test_hidden_is_refused_unless_asked_for_then_approximate(

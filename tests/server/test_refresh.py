@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -87,6 +88,22 @@ async def test_a_refresh_serves_the_new_weights_as_a_fresh_load_and_names_them(t
             text = await resp.text()
         assert 'eagle3_target_target_version_info{version="policy-step-0"} 1.0' in text
         assert 'eagle3_target_weight_refreshes_total{outcome="served"} 2.0' in text
+
+
+async def test_model_info_says_when_the_refresh_began_and_weight_replies_name_their_version(
+    tiny_model_dir, weights_b
+):
+    async with await start(tiny_model_dir) as server:
+        info = await (await server.http.post(f"{server.url}/model_info", headers=admin(TRAINER))).json()
+        assert "refreshed_at" not in info, "start-up weights: no refresh yet"
+        before = time.time()
+        assert (await refresh(server, weights_b, "policy-step-1"))[0] == 200
+        info = await (await server.http.post(f"{server.url}/model_info", headers=admin(TRAINER))).json()
+        assert before <= info["refreshed_at"] <= time.time()
+        await answer(server)  # sets the session's draft vocabulary, which /lm_head reads
+        for path in ("input_embeddings", "lm_head"):
+            async with server.http.post(f"{server.url}/{path}", headers=admin(TRAINER)) as resp:
+                assert resp.status == 200 and resp.headers[contract.TARGET_VERSION_HEADER] == "policy-step-1"
 
 
 def bad_sources(root, weights_b):

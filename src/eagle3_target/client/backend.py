@@ -25,10 +25,10 @@ from .capture import CaptureHandle, decoded, request_body
 from .dispatch import TargetPool
 from .endpoints import EndpointResolver, default_spec, make_resolver, parse_specs, read_auth_token
 from .fetch import Reply
-from .handles import PendingHandle
+from .handles import FreshReply, PendingHandle
 from .inputs import BatchInputs, nemo_inputs
 from .loop_thread import LoopThread
-from .options import PoolOptions
+from .options import PoolOptions, check_version_choice
 
 
 @dataclass
@@ -56,7 +56,7 @@ class BatchHandle(PendingHandle):
 
     def __init__(
         self,
-        future: concurrent.futures.Future,
+        future: concurrent.futures.Future | FreshReply,
         inputs: dict[str, torch.Tensor],
         device: torch.device,
         on_device: _DeviceCache,
@@ -202,10 +202,11 @@ class RemoteTargetBackend:
             given.update(nemo.packing)
         inputs = {k: t.detach().to("cpu", torch.int64) for k, t in given.items()}
         batch, seq = inputs["input_ids"].shape
-        reply = self.pool.generate(wire.encode(inputs), batch, seq, self._draft_vocab)
+        body = wire.encode(inputs)
+        reply = self._fresh(lambda: self.pool.generate(body, batch, seq, self._draft_vocab))
         inputs["attention_mask"] = nemo.attention_mask  # the caller's own, as NeMo returns it
         device = self.device or input_ids.device
-        return BatchHandle(self._loop.submit(reply), inputs, device, self._head_rows, packing)
+        return BatchHandle(reply, inputs, device, self._head_rows, packing)
 
     def generate_batch(self, *args, **kwargs) -> TargetBatch:
         """``generate_batch_async(...).result()``: NeMo's RemoteEagle3TargetModel call."""
@@ -227,9 +228,10 @@ class RemoteTargetBackend:
             raise ValueError("this backend asks for no features: pass features=Features(...) to it")
         body = request_body(self.pool.reference, inputs)
         batch, seq = inputs.input_ids.shape
-        reply = self.pool.capture(wire.encode(body), batch, seq, self._draft_vocab)
+        blob = wire.encode(body)
+        reply = self._fresh(lambda: self.pool.capture(blob, batch, seq, self._draft_vocab))
         device = self.device or inputs.input_ids.device
-        return CaptureHandle(self._loop.submit(reply), device, body, self._head_rows)
+        return CaptureHandle(reply, device, body, self._head_rows)
 
     def capture(self, inputs: BatchInputs) -> dict[str, torch.Tensor]:
         """``capture_async(inputs).result()``."""
@@ -240,6 +242,23 @@ class RemoteTargetBackend:
     ) -> Iterator[dict[str, torch.Tensor]]:
         """``prefetch`` for ``capture``: each item is one batch's BatchInputs."""
         return _in_order((self.capture_async(b) for b in batches), lambda: self._depth(depth))
+
+    # -- target versions (our extension; versions.py) ---------------------------------------
+
+    @property
+    def target_version(self) -> str | None:
+        """The target version batches come from now: the pinned label, or the newest the fleet serves (None
+        where the servers report none)."""
+        return self.pool.membership.wanted_version()
+
+    def pin_target_version(self, version: str) -> None:
+        """Train on ``version`` (a label, or ``newest``) from the next batch taken on: batches prefetched from
+        another version are asked again, and only servers at it are sent requests."""
+        check_version_choice(version)
+        self._loop.call(self.pool.pin_version(version))
+
+    def _fresh(self, call: Callable[[], Any]) -> FreshReply:
+        return FreshReply(lambda: self._loop.submit(call()), self.pool.membership.is_wanted)
 
     def target_weight(self, name: str) -> torch.Tensor:
         """The target's whole weight ``name`` ("input_embeddings", "lm_head", "final_norm"), fetched

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -184,14 +185,14 @@ class ServerConnection:
     async def model_info(self) -> ModelInfo:
         return ModelInfo.from_json(await self.post_json(contract.MODEL_INFO))
 
-    async def weight(self, path: str, limit: int) -> dict[str, torch.Tensor | None]:
+    async def weight(self, path: str, limit: int) -> tuple[Mapping[str, str], dict[str, torch.Tensor | None]]:
         """A weight blob (/input_embeddings, /lm_head) of at most ``limit`` bytes, as sent (fetch.py checks
         it). About 1 GB for an 8B model's embeddings: the stall timeout is request_timeout between reads,
         the whole read may take that plus one second per MiB (a trickle still ends)."""
         total = self.timeout.total + limit / (1 << 20) if self.timeout.total else None
         timeout = aiohttp.ClientTimeout(total=total, sock_read=self.timeout.total)
-        _, tensors = await self.post_tensors(path, timeout=timeout, limit=limit)
-        return tensors
+        response, tensors = await self.post_tensors(path, timeout=timeout, limit=limit)
+        return response.headers, tensors
 
     async def heartbeat(self) -> None:
         await self.post_json(contract.HEARTBEAT)

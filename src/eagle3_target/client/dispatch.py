@@ -98,15 +98,20 @@ class TargetPool(Failover):
             if agreement.supervised:
                 return await self._supervise(member, request, shape)
             blob = self.membership.vocab_blob
-            return await fetch_capture(member.conn, agreement, request, shape, blob, agreement.features)
+            reply = await fetch_capture(member.conn, agreement, request, shape, blob, agreement.features)
+            await self.membership.check_version(member, reply.target_version)
+            return reply
 
         return await self.with_failover(call, what="/generate", hedge=True)
 
     async def _supervise(self, member: Member, request: bytes, shape: tuple[int, int, int]) -> Reply:
         agreement, blob = member.agreement, self.membership.vocab_blob
         reply = await fetch_supervision(member.conn, agreement, request, shape, blob)
+        version = reply.target_version
+        await self.membership.check_version(member, version)
         if reply.encoding == encodings.HIDDEN:
-            rows = await self._head_rows.get(blob, lambda: fetch_lm_head(member.conn, agreement, shape[2]))
+            fetch = lambda: fetch_lm_head(member.conn, agreement, shape[2], version)  # noqa: E731
+            rows = await self._head_rows.get((blob, version), fetch)
             reply = dataclasses.replace(reply, head_rows=rows)
         return reply
 
@@ -119,6 +124,9 @@ class TargetPool(Failover):
         return await self.with_failover(
             lambda m: fetch_input_embeddings(m.conn, m.agreement), what="/input_embeddings"
         )
+
+    async def pin_version(self, version: str) -> None:
+        self.membership.pin(version)
 
     async def set_vocab_mapping(self, blob: bytes) -> None:
         await self.membership.set_vocab_mapping(blob)

@@ -1,7 +1,7 @@
 """Failover and hedging over the pool's healthy servers: pick one, fail over, hedge a silent one.
 
 Each request takes a slot on the least-loaded (or next, round-robin) healthy
-server; a transient failure quarantines that server and the request moves on
+server at the wanted target version (versions.py); a transient failure quarantines that server and the request moves on
 with jittered exponential backoff until its deadline; a server silent past the
 hedge threshold is quarantined and the request also started elsewhere, the
 first complete answer winning. Membership (membership.py) decides who is healthy.
@@ -26,6 +26,7 @@ from .members import Member, MemberState, short
 from .membership import Membership
 from .options import PoolOptions
 from .p2p import P2PUnavailable
+from .versions import StaleVersion
 
 log = logging.getLogger(__package__ + ".dispatch")  # the pool's one logger for dispatch
 T = TypeVar("T")
@@ -50,7 +51,12 @@ class Failover:
         return self.membership.healthy()
 
     def describe_members(self) -> str:
-        return self.membership.describe()
+        """The members and their states, and the wanted target version where no healthy one serves it."""
+        healthy, wanted = self.healthy(), self.membership.wanted_version()
+        if not healthy or any(self.membership.at_wanted_version(m) for m in healthy):
+            return self.membership.describe()
+        served = ", ".join(f"{m.url} at {m.version}" for m in healthy)
+        return f"{self.membership.describe()}; none serves target version {wanted} ({served})"
 
     async def with_failover(self, call: Call, what: str, hedge: bool = False) -> T:
         """Run ``call`` on one healthy server; on a server fault quarantine it and try another, with
@@ -119,6 +125,10 @@ class Failover:
         if isinstance(error, (BatchFailedError, RequestRejected, P2PUnavailable, encodings.EncodingError)):
             raise error
         tried.append(f"{member.url}: {short(error)}")
+        if isinstance(
+            error, StaleVersion
+        ):  # refreshed under us: dispatch now sends it nothing, or this again
+            return _FAILED
         if isinstance(error, ServerError) and error.status == 429 and error.retry_after is not None:
             self.membership.rest(member, error.retry_after)
             return _FAILED
@@ -205,7 +215,10 @@ class Failover:
         free = [
             m
             for m in self.healthy()
-            if m.in_flight < self.options.max_in_flight and m.rest_until <= now and m.url not in rejected
+            if m.in_flight < self.options.max_in_flight
+            and m.rest_until <= now
+            and m.url not in rejected
+            and self.membership.at_wanted_version(m)
         ]
         if not free:
             return None

@@ -28,6 +28,7 @@ from .connection import RequestRejected, ServerConnection, ServerError
 from .errors import ServerFault
 from .limits import blob_limit
 from .p2p import P2PChannel
+from .versions import StaleVersion
 
 Answer = tuple[Mapping[str, str], dict[str, torch.Tensor | None]]  # reply headers, tensors
 
@@ -40,6 +41,7 @@ class Reply:
     tensors: dict[str, torch.Tensor]
     head_rows: torch.Tensor | None = None  # the draft vocabulary's lm_head rows, for "hidden"
     features: Features | None = None  # set: a feature reply (protocol/capture.py's keys), not supervision
+    target_version: str | None = None  # of the weights that computed it (None: a server that does not say)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ async def fetch_supervision(
     if sent != agreement.encoding:
         raise wire.WireError(f"{conn.url}: asked for encoding {agreement.encoding!r}, the reply is {sent!r}")
     await _check(agreement, asked, reply_headers, tensors, echoes_inputs=agreement.encoding == encodings.NEMO)
-    return Reply(agreement.encoding, {k: tensors[k] for k in want})
+    version = reply_headers.get(contract.TARGET_VERSION_HEADER)
+    return Reply(agreement.encoding, {k: tensors[k] for k in want}, target_version=version)
 
 
 async def fetch_capture(
@@ -110,7 +113,8 @@ async def fetch_capture(
     if reply_headers.get(contract.FEATURES_HEADER) != headers[contract.FEATURES_HEADER]:
         raise wire.WireError(f"{conn.url}: the reply does not carry the features asked for")
     await _check(agreement, asked, reply_headers, tensors, echoes_inputs="input_ids" in want)
-    return Reply(agreement.encoding, {k: tensors[k] for k in want}, features=features)
+    version = reply_headers.get(contract.TARGET_VERSION_HEADER)
+    return Reply(agreement.encoding, {k: tensors[k] for k in want}, features=features, target_version=version)
 
 
 async def _remapping(
@@ -166,9 +170,13 @@ async def fetch_weight(conn: ServerConnection, agreement: Agreement, name: str) 
     return await _fetch_weight(conn, f"{contract.WEIGHTS}/{name}", agreement, shape)
 
 
-async def fetch_lm_head(conn: ServerConnection, agreement: Agreement, draft_vocab: int) -> torch.Tensor:
-    """The lm_head rows of our draft vocabulary [Vd, H] (for the "hidden" encoding), checked."""
-    return await _fetch_weight(conn, contract.LM_HEAD, agreement, (draft_vocab, agreement.info.hidden_size))
+async def fetch_lm_head(
+    conn: ServerConnection, agreement: Agreement, draft_vocab: int, version: str | None
+) -> torch.Tensor:
+    """The lm_head rows of our draft vocabulary [Vd, H] (for the "hidden" encoding), checked, read from the
+    weights of ``version`` (the hidden states' own): rows of other weights are StaleVersion."""
+    shape = (draft_vocab, agreement.info.hidden_size)
+    return await _fetch_weight(conn, contract.LM_HEAD, agreement, shape, version)
 
 
 async def fetch_input_embeddings(conn: ServerConnection, agreement: Agreement) -> torch.Tensor:
@@ -180,10 +188,17 @@ async def fetch_input_embeddings(conn: ServerConnection, agreement: Agreement) -
 
 
 async def _fetch_weight(
-    conn: ServerConnection, path: str, agreement: Agreement, shape: tuple[int, ...]
+    conn: ServerConnection,
+    path: str,
+    agreement: Agreement,
+    shape: tuple[int, ...],
+    version: str | None = None,
 ) -> torch.Tensor:
     want = {"weight": (agreement.dtype, shape)}
-    tensors = await conn.weight(path, blob_limit(want))
+    headers, tensors = await conn.weight(path, blob_limit(want))
+    served = headers.get(contract.TARGET_VERSION_HEADER)
+    if version is not None and served != version:
+        raise StaleVersion(f"{conn.url}: {path} is of target version {served}, the batch of {version}")
     encodings.check(tensors, want)
     binding.check_finite({"weight": tensors["weight"]})
     return tensors["weight"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from typing import Any
 
@@ -29,3 +30,28 @@ class MappedHandle(PendingHandle):
 
     def result(self, timeout: float | None = None) -> Any:
         return self._finish(self._pending.result(timeout))
+
+
+class FreshReply:
+    """A reply on its way (a future of ``submit()``) that is asked again if, by the time the trainer takes
+    it, the session wants another target version than the one that computed it (a prefetched batch from
+    before a refresh or a pin): every batch taken comes from the version wanted when it is taken."""
+
+    def __init__(
+        self, submit: Callable[[], concurrent.futures.Future], current: Callable[[str | None], bool]
+    ):
+        self._submit, self._current = submit, current
+        self._future = submit()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> bool:
+        return self._future.cancel()
+
+    def result(self, timeout: float | None = None) -> Any:
+        reply = self._future.result(timeout)
+        while not self._current(reply.target_version):
+            self._future = self._submit()
+            reply = self._future.result(timeout)
+        return reply

@@ -1,4 +1,5 @@
-"""The lm_head rows of the draft vocabulary, for the "hidden" encoding: fetched once per mapping."""
+"""The lm_head rows of the draft vocabulary, for the "hidden" encoding: fetched once per mapping and target
+version (a refresh changes them)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import torch
 
 class HeadRowsCache:
     def __init__(self):
-        self._rows: tuple[bytes, torch.Tensor] | None = None  # (the vocab blob, its rows)
+        self._rows: tuple[tuple[bytes | None, str | None], torch.Tensor] | None = None  # (key, its rows)
         self._lock = asyncio.Lock()  # one fetch at a time: concurrent batches share it
 
-    async def get(self, vocab_blob: bytes, fetch: Callable[[], Awaitable[torch.Tensor]]) -> torch.Tensor:
-        """The rows of ``vocab_blob``'s mapping, fetched with ``fetch`` the first time it is asked for."""
+    async def get(
+        self, key: tuple[bytes | None, str | None], fetch: Callable[[], Awaitable[torch.Tensor]]
+    ) -> torch.Tensor:
+        """The rows of ``key`` (the vocab blob and the target version), fetched with ``fetch`` the first time
+        it is asked for."""
         async with self._lock:
-            if self._rows is None or self._rows[0] is not vocab_blob:
-                self._rows = (vocab_blob, await fetch())
+            if self._rows is None or self._rows[0][0] is not key[0] or self._rows[0][1] != key[1]:
+                self._rows = (key, await fetch())
             return self._rows[1]

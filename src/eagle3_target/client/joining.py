@@ -43,6 +43,7 @@ class Joining(Roster):
         for url in urls:
             self._add(url, infos.get(url))
         self.spawn(self._refresh_loop())
+        self.spawn(self._version_poll())
         await self._first_healthy(deadline)
 
     async def _first_healthy(self, deadline: float) -> None:
@@ -159,6 +160,7 @@ class Joining(Roster):
             raise ServerError(member.url, "health", status, str(body.get("status", "not_ready")), "not ready")
         info, member.probed_info = member.probed_info or await member.conn.model_info(), None
         self.model.admit(member.url, info)
+        self.learn(member, info)
         options = self.options
         agreement = Agreement.make(
             member.url,

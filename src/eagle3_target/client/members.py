@@ -39,6 +39,8 @@ class Member:
     probed_info: ModelInfo | None = None  # /model_info read before the first join, used by it
     strikes: int = 0  # quarantines since its last good answer: each quadruples the wait before it rejoins
     rest_until: float = 0.0  # loop time before which it takes no request (it answered 429 + Retry-After)
+    version: str | None = None  # the target version it serves, as last seen (versions.py)
+    refreshed_at: float | None = None  # when that version began serving there; None: its start-up weights
     tasks: set[asyncio.Task] = field(default_factory=set)
 
     @property

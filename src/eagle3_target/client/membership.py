@@ -10,7 +10,8 @@ model, or refused us for good (a 4xx such as a wrong token).
 The parts call one another in a cycle (admission starts heartbeats, a failed heartbeat quarantines, a
 quarantine rejoins, DNS adds members to join and retires others), so they are one object over one shared
 state (members.py's Roster), each part in its own module: joining.py, upkeep.py (heartbeats and DNS
-refresh) and quarantine.py.
+refresh), quarantine.py and versions.py (which target version each member serves, and which one dispatch
+wants).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 from .joining import Joining
 from .quarantine import Quarantine
 from .upkeep import Upkeep
+from .versions import Versions
 
 
-class Membership(Joining, Upkeep, Quarantine):
+class Membership(Joining, Upkeep, Quarantine, Versions):
     """The pool's membership: what dispatch asks (who is healthy) and tells (a failure, a 429, a release)."""

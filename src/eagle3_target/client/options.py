@@ -8,9 +8,20 @@ from dataclasses import dataclass
 from eagle3_target.protocol import contract, encodings
 from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.features import Features
-from eagle3_target.protocol.model_info import ModelInfo
+from eagle3_target.protocol.model_info import ModelInfo, check_target_version
 
 POLICIES = ("least-loaded", "round-robin")
+NEWEST = "newest"  # the target version a session trains on unless it names one (versions.py)
+
+
+def check_version_choice(choice: object) -> str:
+    """``newest`` or a target version label; ValueError in one line otherwise."""
+    if choice == NEWEST:
+        return NEWEST
+    try:
+        return check_target_version(choice)
+    except ValueError as exc:
+        raise ValueError(f"target_version is {NEWEST!r} or {exc}") from None
 
 
 @dataclass
@@ -49,8 +60,13 @@ class PoolOptions:
     # This job's X-Eagle3-Priority class (contract.PRIORITIES), its share of a server while others wait.
     # None sends no header: the server's default, "normal". A server that grants less refuses with 403.
     priority: str | None = None
+    # The target version every batch comes from: "newest" (the latest refresh seen) or a label (versions.py);
+    # every healthy member is asked its /model_info this often, so a refresh is seen without traffic too
+    target_version: str = NEWEST
+    version_poll_interval: float = 5.0
 
     def __post_init__(self):
+        self.target_version = check_version_choice(self.target_version)
         if self.encoding not in encodings.CHOICES:
             raise ValueError(f"unknown encoding {self.encoding!r}; choose {', '.join(encodings.CHOICES)}")
         if self.data_path not in DATA_PATHS:

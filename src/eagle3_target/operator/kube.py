@@ -142,8 +142,10 @@ class Children:
         except kr8s.ServerError as e:
             if _status_code(e) != 409:
                 raise
-        found = await Secret.get(meta["name"], namespace=meta["namespace"], api=self.api)
-        return base64.b64decode(found.raw["data"][key]).decode()
+        # a GET by name: kr8s' Secret.get lists with a field selector, which `get` alone does not allow
+        url = f"secrets/{meta['name']}"
+        async with self.api.call_api("GET", url=url, namespace=meta["namespace"]) as response:
+            return base64.b64decode(response.json()["data"][key]).decode()
 
     async def patch_pod(self, name: str, namespace: str, annotations: dict, gate: tuple[str, bool] | None):
         """Annotations (metadata only: the pod keeps running), then a readiness gate's condition through

@@ -98,6 +98,9 @@ class ModelInfo:
     parallel: Mapping[str, int] = field(default_factory=dict)
     # The weights served now: their digest at start-up, the label of the latest refresh after one
     target_version: str | None = None
+    # When the latest refresh began serving (Unix seconds, the server's clock); None: the start-up weights.
+    # It orders versions: a client asking for the newest takes the latest refresh (client/versions.py).
+    refreshed_at: float | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> ModelInfo:
@@ -134,6 +137,8 @@ class ModelInfo:
                     values[name] = str(values[name])[:MAX_TEXT]
             if "target_version" in values:
                 values["target_version"] = check_target_version(values["target_version"])
+            if "refreshed_at" in values:
+                values["refreshed_at"] = _seconds(values["refreshed_at"], "refreshed_at")
         except ModelInfoError:
             raise
         except (TypeError, ValueError) as exc:  # ValueError: a target_version no version looks like
@@ -192,6 +197,12 @@ def _check_ranges(values: Mapping[str, Any]) -> None:
     bad = [i for i in values["aux_layer_ids"] if not 0 <= i < layers]
     if bad:
         raise ModelInfoError(f"/model_info aux_layer_ids {bad} are outside the model's {layers} layers")
+
+
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e11:
+        raise ModelInfoError(f"/model_info {name} is not a time in Unix seconds: {value!r:.100}")
+    return float(value)
 
 
 def _int(value: Any, name: str) -> int:

@@ -152,20 +152,20 @@ class TargetServer:
         return web.json_response(self.service.clients.model_info(_session_id(request)).to_json())
 
     async def input_embeddings(self, request: web.Request) -> web.StreamResponse:
-        weight = await self.service.weights.input_embeddings(_session_id(request))
-        return await self.stream_blob(request, EncodedBlob({"weight": weight}))
+        weight, version = await self.service.weights.input_embeddings(_session_id(request))
+        return await self.stream_blob(request, EncodedBlob({"weight": weight}), _version(version))
 
     async def set_vocab_mapping(self, request: web.Request) -> web.Response:
         await self.service.clients.set_vocab_mapping(_session_id(request), bytearray(await request.read()))
         return web.json_response({"status": "ok"})
 
     async def lm_head(self, request: web.Request) -> web.StreamResponse:
-        rows = await self.service.weights.lm_head_rows(_session_id(request))
-        return await self.stream_blob(request, EncodedBlob({"weight": rows}))
+        rows, version = await self.service.weights.lm_head_rows(_session_id(request))
+        return await self.stream_blob(request, EncodedBlob({"weight": rows}), _version(version))
 
     async def weight(self, request: web.Request) -> web.StreamResponse:
-        tensor = await self.service.weights.weight(_session_id(request), request.match_info["name"])
-        return await self.stream_blob(request, EncodedBlob({"weight": tensor}))
+        tensor, version = await self.service.weights.weight(_session_id(request), request.match_info["name"])
+        return await self.stream_blob(request, EncodedBlob({"weight": tensor}), _version(version))
 
     async def init_nccl(self, request: web.Request) -> web.Response:
         # The store binds the address this request reached: our pod address, never a wildcard.
@@ -236,6 +236,11 @@ class TargetServer:
 def _session_id(request: web.Request) -> str:
     """The X-Eagle3-Session header, or the peer address for a client that sends none (stock NeMo)."""
     return session_id(request.headers.get(contract.SESSION_HEADER), request.remote)
+
+
+def _version(version: str | None) -> dict[str, str]:
+    """The header naming the weights a reply was read from (none before a version is known)."""
+    return {contract.TARGET_VERSION_HEADER: version} if version else {}
 
 
 def _forget_traceback(exc: BaseException | None) -> None:

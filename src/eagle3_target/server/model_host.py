@@ -33,6 +33,7 @@ class ModelHost:
         # The served weights' version: changed on the model thread only, in the same call as the weights
         # (refresh.py), so a forward reads the version of the weights it ran on
         self.version: str | None = None
+        self.refreshed_at: float | None = None  # Unix time the latest refresh began serving; None: none yet
         self.load_error: BaseException | None = None
         self.loaded_at = 0  # Unix time the model became ready (OpenAI's model "created")
         self.draining = False  # SIGTERM: finish what is in flight, take nothing new

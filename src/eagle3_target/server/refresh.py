@@ -101,5 +101,5 @@ class WeightRefresh:
     def _swap(self, runner, staged, version: str) -> None:
         """On the model thread, between forwards: the weights and their version together."""
         runner.replace_weights(staged)
-        self.model.version = version
+        self.model.version, self.model.refreshed_at = version, time.time()
         self.metrics.serving(version)

@@ -60,6 +60,7 @@ class SessionEndpoints:
             p2p=self.p2p.info(runner.info.device),
             request_binding=binding.SCHEME,
             target_version=self.model.version,
+            refreshed_at=self.model.refreshed_at,
         )
 
     async def set_vocab_mapping(self, session_id: str, body: bytearray) -> None:

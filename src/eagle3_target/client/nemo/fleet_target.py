@@ -195,6 +195,15 @@ class FleetTarget(NeMoTarget):
         """Healthy servers now; NeMo's EAGLE-3 loop caps its prefetch depth at this."""
         return max(1, self.backend.healthy_servers)
 
+    @property
+    def target_version(self) -> str | None:
+        """The target version batches come from now (remote_target.target_version: newest, or a label)."""
+        return self.backend.target_version
+
+    def pin_target_version(self, version: str) -> None:
+        """Every batch taken from now on comes from ``version`` (or the newest again, with ``newest``)."""
+        self.backend.pin_target_version(version)
+
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         """These families project nothing onto a draft vocabulary on the fleet (NeMo's default no-op)."""
 

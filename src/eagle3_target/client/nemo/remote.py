@@ -11,6 +11,7 @@ remote_target:
   compact: true  # the families with a compact request: ask it instead of full-vocabulary logits
   draft_root: /shared/drafts  # decode_eval: the servers' --draft-dir-root as mounted here (fleet_cycles.py)
   allow_target_mismatch: false  # true: train against a fleet serving another target than the recipe's, on purpose
+  target_version: newest  # or a label: every batch from that target version (docs/versions.md)
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from safetensors.torch import save
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
+VERSION_FILE = "target_version.json"  # ours, beside NeMo's files: the target version the cache was made from
 EMBEDDINGS = "target_embeddings.safetensors"
 SHARD = re.compile(r"^shard-(\d{6})\.safetensors$")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -27,7 +27,7 @@ from ..nemo.captures import dspark_context
 from . import cache, data, runner
 from .options import UsageError
 from .progress import Progress
-from .runner import check_model, check_output, connect, log, plan, shard_len
+from .runner import check_model, check_output, connect, log, plan, record_version, shard_len
 from .store import CacheStore
 
 WEIGHTS = "target_weights.safetensors"
@@ -171,6 +171,7 @@ def precompute_dspark(args: argparse.Namespace, token: str | None) -> Progress:
         complete = False
         if args.resume or args.worker_count > 1:
             complete = check_manifest(dspark_cache, store, manifest, present, args)
+        record_version(store, backend.target_version, args)
         if not complete:
             store.write(cache.MANIFEST, manifest_bytes(dspark_cache, manifest, complete=False))
         store.write(WEIGHTS, weights_bytes(backend, cache.DTYPES[args.dtype]))

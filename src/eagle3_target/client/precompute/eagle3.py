@@ -8,7 +8,16 @@ from typing import Any
 
 from . import cache, data
 from .progress import Progress
-from .runner import check_manifest, check_model, check_output, connect, log, plan, shard_len
+from .runner import (
+    check_manifest,
+    check_model,
+    check_output,
+    connect,
+    log,
+    plan,
+    record_version,
+    shard_len,
+)
 from .store import CacheStore
 
 
@@ -73,6 +82,7 @@ def precompute_eagle3(args: argparse.Namespace, token: str | None) -> Progress:
         manifest = build_manifest(args, dataset, config, aux_layer_ids)
         if args.resume or args.worker_count > 1:
             check_manifest(store, manifest, present, args)
+        record_version(store, backend.target_version, args)
         backend.set_vocab_mapping(dataset.selected_token_ids, dataset.selected_token_mask)
         store.write(cache.MANIFEST, cache.manifest_bytes(manifest))
         store.write(cache.EMBEDDINGS, cache.embeddings_bytes(backend.get_input_embeddings().weight))

@@ -14,6 +14,8 @@ from eagle3_target.protocol.choices import AUTO, ENCODING_CHOICES, HIDDEN
 from eagle3_target.protocol.contract import PRIORITIES
 from eagle3_target.protocol.families import families
 
+from ..options import NEWEST, check_version_choice
+
 WORKER_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
 WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Job template sets it)
 # What reads as a local file rather than a Hugging Face dataset id (NeMo accepts both).
@@ -177,6 +179,12 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         "--hedge-after", type=float, default=10.0, help="re-send a batch unanswered this long (default 10)"
     )
     p.add_argument(
+        "--target-version",
+        default=NEWEST,
+        help="the target version the whole cache is made from: a label, or newest (the default: the newest "
+        "the fleet serves at the start, kept for the run). Recorded in target_version.json",
+    )
+    p.add_argument(
         "--skip-config-digest",
         action="store_true",
         help="accept a fleet whose config digest differs from --target-model's (a synthetic fleet); "
@@ -246,6 +254,10 @@ def check(args: argparse.Namespace) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    try:
+        check_version_choice(args.target_version)
+    except ValueError as exc:
+        raise UsageError(f"--target-version: {exc}") from None
     if args.family not in families():
         raise UsageError(f"--family {args.family}: no such draft family ({', '.join(sorted(families()))})")
     if args.draft_num_hidden_layers < 1:

@@ -4,6 +4,7 @@ worker's shards and check a manifest it continues."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any
 
@@ -65,12 +66,29 @@ def connect(args: argparse.Namespace, token: str | None, features=None) -> Remot
         hedge_after=args.hedge_after,
         encoding=args.encoding,
         priority=args.priority,
+        target_version=args.target_version,
     )
     backend = RemoteTargetBackend(
         args.endpoints, auth_token=token, nameserver=args.nameserver, options=options, features=features
     )
     backend.wait_for_servers(args.start_timeout)
+    if backend.target_version is not None:  # the newest now stays this run's: one cache, one version
+        backend.pin_target_version(backend.target_version)
     return backend
+
+
+def record_version(store: CacheStore, version: str | None, args: argparse.Namespace) -> None:
+    """The one target version of the cache, in cache.VERSION_FILE beside NeMo's files (NeMo reads none but its own).
+    A resumed run, or another worker, continues a cache only from the version it was made from."""
+    if version is None:  # servers that report none (NeMo's own)
+        return
+    recorded = (store.read_json(cache.VERSION_FILE) or {}).get("target_version")
+    if recorded not in (None, version) and (args.resume or args.worker_count > 1):
+        raise UsageError(
+            f"{args.output_dir} holds a cache made from target version {recorded}, and this run's is {version}: "
+            f"pass --target-version {recorded} while the fleet serves it, or use a fresh directory"
+        )
+    store.write(cache.VERSION_FILE, json.dumps({"target_version": version}, indent=2).encode())
 
 
 def check_manifest(

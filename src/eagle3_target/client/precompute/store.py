@@ -47,9 +47,12 @@ class CacheStore:
         return stale
 
     def read_manifest(self) -> dict[str, Any] | None:
-        if not self.fs.exists(self.path(MANIFEST)):
+        return self.read_json(MANIFEST)
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        if not self.fs.exists(self.path(name)):
             return None
-        with self.fs.open(self.path(MANIFEST), "rb") as f:
+        with self.fs.open(self.path(name), "rb") as f:
             return json.load(f)
 
     def write(self, name: str, data: bytes) -> None:
