@@ -14,9 +14,9 @@ import torch
 from target_support import PORT_TAKEN, TargetProcess, free_port, generate_body, vocab_body
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3_target.client.nemo.registry import families
 from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import FEATURES_HEADER
+from eagle3_target.protocol.families import families  # the feature descriptions: no NeMo (.ci/vllm has none)
 
 TOLERANCE = 1e-4  # all-reduce reorders additions: close to one device, not bit-for-bit
 
@@ -141,8 +141,8 @@ def replies(url: str) -> dict[str, torch.Tensor]:
         f"nemo.{k}": v
         for k, v in wire.decode(bytearray(post(url, "generate", generate_body(ids, mask, loss)))).items()
     }
-    for name, found in families().items():  # every family a text target serves (the registry's)
-        features = found.request.ask([-1, 2, 4, L - 1], L)
+    for name, found in families().items():  # every family a text target serves
+        features = found.ask([-1, 2, 4, L - 1], L)
         if features.image_mask:
             continue
         header = features.to_header()

@@ -84,7 +84,9 @@ class WeightRefresh:
                         "refresh_not_offered",
                         f"the {runner.info.engine} engine{split} cannot refresh its weights in place",
                     )
-                served = await self.model.call(runner.named_weights)
+                # what the source must match: the weights held here, or their layout (an engine that holds
+                # them in its own workers: vllm)
+                served = await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
                 staged = await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
             except ServiceError as exc:
                 self.metrics.refreshes.labels("refused").inc()

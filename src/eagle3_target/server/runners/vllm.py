@@ -30,6 +30,7 @@ from .base import (
     resolve_dtype,
     zero_capture,
 )
+from .hf_weights import file_layout
 from .rows import row_lengths, stack_rows
 from .vllm_capture import (
     FINAL,
@@ -229,6 +230,14 @@ class VLLMRunner(FinalHiddenRunner):
         return Captured(
             *(stack_rows(t.to(input_ids.device), mask) if t is not None and on else None for t, on in rows)
         )
+
+    def served_layout(self) -> dict[str, torch.Tensor]:
+        """What a refresh's source must match: the served checkpoint's layout (vLLM's workers hold the weights)."""
+        return file_layout(self.info.model, "vllm")
+
+    def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """vLLM's own in-place reload on every rank, each taking its part, between prefills (the model thread)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
 
     def weight(self, name: str) -> torch.Tensor:
         if name == WEIGHT_INPUT_EMBEDDINGS:
