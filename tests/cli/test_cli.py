@@ -54,6 +54,15 @@ def test_help_needs_only_the_base_install(command):
     assert done.stdout.startswith(f"usage: eagle3-target {command}")
 
 
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_command_imports_torch_before_its_logging_is_quiet(command):
+    """TORCH_LOGS (cli.QUIET_ENV) is read when torch is first imported: a parser that imports torch would let
+    torch's own warnings (a library's deprecations) through to the command's stderr."""
+    probe = f"import sys; from eagle3_target.cli import build_parser; build_parser({command!r}); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 def test_train_draft_help_says_where_the_servers_come_from():
     done = cli("train-draft", "--help", block=EXTRAS_MODULES)
     text = " ".join(done.stdout.split())

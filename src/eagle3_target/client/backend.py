@@ -20,6 +20,7 @@ import torch
 from eagle3_target.protocol import wire
 from eagle3_target.protocol.contract import GENERATE_INPUT_KEYS
 from eagle3_target.protocol.features import WEIGHT_NAMES, Features
+from eagle3_target.protocol.model_info import check_version_choice
 
 from .capture import CaptureHandle, decoded, request_body
 from .dispatch import TargetPool
@@ -28,7 +29,7 @@ from .fetch import Reply
 from .handles import FreshReply, PendingHandle
 from .inputs import BatchInputs, nemo_inputs
 from .loop_thread import LoopThread
-from .options import PoolOptions, check_version_choice
+from .options import PoolOptions
 
 
 @dataclass

@@ -8,20 +8,9 @@ from dataclasses import dataclass
 from eagle3_target.protocol import contract, encodings
 from eagle3_target.protocol.choices import DATA_PATHS
 from eagle3_target.protocol.features import Features
-from eagle3_target.protocol.model_info import ModelInfo, check_target_version
+from eagle3_target.protocol.model_info import NEWEST, ModelInfo, check_version_choice
 
 POLICIES = ("least-loaded", "round-robin")
-NEWEST = "newest"  # the target version a session trains on unless it names one (versions.py)
-
-
-def check_version_choice(choice: object) -> str:
-    """``newest`` or a target version label; ValueError in one line otherwise."""
-    if choice == NEWEST:
-        return NEWEST
-    try:
-        return check_target_version(choice)
-    except ValueError as exc:
-        raise ValueError(f"target_version is {NEWEST!r} or {exc}") from None
 
 
 @dataclass

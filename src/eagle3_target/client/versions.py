@@ -23,10 +23,9 @@ import contextlib
 import logging
 from collections.abc import Iterable
 
-from eagle3_target.protocol.model_info import ModelInfo
+from eagle3_target.protocol.model_info import NEWEST, ModelInfo, check_version_choice
 
 from .members import Member, Roster
-from .options import NEWEST, check_version_choice
 
 log = logging.getLogger(__package__ + ".membership")
 

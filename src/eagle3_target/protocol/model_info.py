@@ -61,6 +61,19 @@ def check_target_version(label: object) -> str:
     return label
 
 
+NEWEST = "newest"  # the target version a session trains on unless it names one (client/versions.py)
+
+
+def check_version_choice(choice: object) -> str:
+    """``newest`` or a target version label; ValueError in one line otherwise."""
+    if choice == NEWEST:
+        return NEWEST
+    try:
+        return check_target_version(choice)
+    except ValueError as exc:
+        raise ValueError(f"target_version is {NEWEST!r} or {exc}") from None
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's default low/mid/high recipe: [1, L//2 - 1, L - 4]."""
     return [1, num_layers // 2 - 1, num_layers - 4]

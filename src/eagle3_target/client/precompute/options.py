@@ -13,8 +13,7 @@ from eagle3_target.exits import CommandError, Exit
 from eagle3_target.protocol.choices import AUTO, ENCODING_CHOICES, HIDDEN
 from eagle3_target.protocol.contract import PRIORITIES
 from eagle3_target.protocol.families import families
-
-from ..options import NEWEST, check_version_choice
+from eagle3_target.protocol.model_info import NEWEST, check_version_choice
 
 WORKER_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
 WORKER_COUNT_ENV = "EAGLE3_TARGET_WORKER_COUNT"  # the Job's completions (the Job template sets it)
