@@ -71,7 +71,8 @@ def error_response(
 
 
 def _openai(request: web.Request) -> bool:
-    return request.path.startswith(OPENAI_PREFIX)
+    """OpenAI's paths (and unknown ones under /v1/); our own endpoint there keeps our shape."""
+    return request.path.startswith(OPENAI_PREFIX) and request.path != contract.SPECULATIVE_EVALUATE
 
 
 def endpoint(request: web.Request) -> str:

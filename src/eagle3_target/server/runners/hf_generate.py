@@ -9,6 +9,7 @@ token for token, and the same seed gives the same tokens.
 
 from __future__ import annotations
 
+import inspect
 import secrets
 
 import torch
@@ -32,6 +33,12 @@ def eos_token_ids(model: nn.Module) -> frozenset[int]:
     if ids is None:
         return frozenset()
     return frozenset([ids] if isinstance(ids, int) else ids)
+
+
+def cache_argument(model: nn.Module) -> str:
+    """What the model's forward calls its KV cache: ``cache`` from transformers 5.2x on, ``past_key_values``
+    before (the transformers vLLM's environment pins), its output's field named alike."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _warpers(params: SamplingParams) -> LogitsProcessorList:
@@ -58,6 +65,7 @@ class HFDecoding:
         self.finish: str | None = None
         self._cache = None
         self._warpers = _warpers(params)
+        self._cache_name = cache_argument(model)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self._generator = torch.Generator(device=device).manual_seed(seed)
 
@@ -68,8 +76,9 @@ class HFDecoding:
         while self.finish is None and len(new) < steps:
             step_input = self.ids if self._cache is None else self.ids[:, -1:]
             # logits_to_keep=1: only the last position's logits, as generate computes them
-            out = self.model(input_ids=step_input, cache=self._cache, use_cache=True, logits_to_keep=1)
-            self._cache = out.cache
+            cache = {self._cache_name: self._cache}
+            out = self.model(input_ids=step_input, **cache, use_cache=True, logits_to_keep=1)
+            self._cache = getattr(out, self._cache_name)
             token = self._choose(out.logits[:, -1, :].float())
             self.ids = torch.cat([self.ids, token[:, None]], dim=-1)
             new.append(int(token))

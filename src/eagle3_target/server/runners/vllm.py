@@ -18,6 +18,7 @@ from eagle3_target.protocol.encodings import ENCODINGS, EXACT_ENCODINGS
 from eagle3_target.protocol.features import WEIGHT_INPUT_EMBEDDINGS, WEIGHT_NAMES
 from eagle3_target.protocol.model_info import defining_config
 
+from .. import sampling
 from ..errors import OutOfRange, TooLarge
 from ..parallel import ONE_DEVICE, ParallelLayout
 from .base import (
@@ -30,15 +31,12 @@ from .base import (
     resolve_dtype,
     zero_capture,
 )
-from .hf_weights import file_layout
+from .hf import load_tokenizer
 from .rows import row_lengths, stack_rows
 from .vllm_capture import (
     FINAL,
     LOGITS,
     drop_capture,
-    embedding_shard,
-    head_rows,
-    head_shard,
     install_capture,
     merge,
     plain_head,
@@ -47,7 +45,9 @@ from .vllm_capture import (
     watch_layers,
 )
 from .vllm_engine import check_requirements, engine_args, gpu_ids, start_engine
+from .vllm_generate import VLLMDecoding
 from .vllm_ranks import Heartbeat, executor_alive, follow
+from .vllm_weights import VLLMWeights
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def checked_engine_args(model, dtype, device, trust_remote_code, parallel, limit
     )
 
 
-class VLLMRunner(FinalHiddenRunner):
+class VLLMRunner(VLLMWeights, FinalHiddenRunner):
     loaded = False  # whether a runner of this process holds an engine (ONE_PER_PROCESS)
 
     def __init__(
@@ -84,10 +84,11 @@ class VLLMRunner(FinalHiddenRunner):
         device: str,
         max_batch_tokens: int,
         parallel: ParallelLayout,
+        tokenizer=None,
     ):
         from vllm import SamplingParams
 
-        self.llm = llm
+        self.llm, self.tokenizer = llm, tokenizer  # the tokenizer: for the /v1 endpoints (None: they refuse)
         self.parallel = parallel
         self.max_batch_tokens = max_batch_tokens
         model_config = llm.llm_engine.model_config
@@ -154,6 +155,7 @@ class VLLMRunner(FinalHiddenRunner):
             device="cpu" if gpus is None else f"cuda:{gpus[0]}",
             max_batch_tokens=max_batch_tokens,
             parallel=parallel,
+            tokenizer=load_tokenizer(model, trust_remote_code),
         )
 
     @classmethod
@@ -231,32 +233,8 @@ class VLLMRunner(FinalHiddenRunner):
             *(stack_rows(t.to(input_ids.device), mask) if t is not None and on else None for t, on in rows)
         )
 
-    def served_layout(self) -> dict[str, torch.Tensor]:
-        """What a refresh's source must match: the served checkpoint's layout (vLLM's workers hold the weights)."""
-        return file_layout(self.info.model, "vllm")
-
-    def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """vLLM's own in-place reload on every rank, each taking its part, between prefills (the model thread)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
-
-    def weight(self, name: str) -> torch.Tensor:
-        if name == WEIGHT_INPUT_EMBEDDINGS:
-            return self.input_embeddings()
-        # The last stage's: the lm_head's shards of the real vocabulary in rank order, or the final norm.
-        return torch.cat([w for w in self.llm.collective_rpc(head_shard, args=(name,)) if w is not None])
-
-    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        parts = [p for p in self.llm.collective_rpc(head_rows, args=(ids,)) if p is not None]
-        if len(parts) == 1:
-            return parts[0]["rows"]
-        rows = parts[0]["rows"].new_empty(len(ids), parts[0]["rows"].shape[-1])
-        for part in parts:  # each vocabulary shard fills the rows it holds
-            rows[part["mask"]] = part["rows"]
-        return rows
-
-    def input_embeddings(self) -> torch.Tensor:
-        # vLLM pads (and under tensor parallelism shards) the embedding rows: whole real vocabulary only.
-        return torch.cat([w for w in self.llm.collective_rpc(embedding_shard) if w is not None])
+    def start_generation(self, prompt_ids: list[int], params: sampling.SamplingParams) -> VLLMDecoding:
+        return VLLMDecoding(self.llm, prompt_ids, params)
 
     def close(self) -> None:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory

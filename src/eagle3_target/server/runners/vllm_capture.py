@@ -151,6 +151,11 @@ def watch_layers(worker, layer_ids: list[int]) -> None:
     getattr(worker, CAPTURE).watch(layer_ids)
 
 
+def forget_steps(worker) -> None:
+    """Drop what the forwards since the last capture recorded (a generation's: nothing takes them)."""
+    getattr(worker, CAPTURE).steps = []
+
+
 def take_capture(worker, input_ids: torch.Tensor, positions: torch.Tensor, logits: bool = True):
     part = getattr(worker, CAPTURE).take(input_ids, positions, logits)
     tp_rank, world = _ranks()[0], worker.vllm_config.parallel_config.world_size

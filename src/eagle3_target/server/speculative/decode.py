@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from ..runners.hf import HFRunner, decoder_layers
+from ..runners.hf_generate import cache_argument
 from ..runners.hf_vlm import embedding_output_point
 from .drafts import Draft
 
@@ -112,7 +113,7 @@ class Decoding:
         try:
             out = model(
                 input_ids=torch.tensor([tokens], device=self.device),
-                past_key_values=self.cache,
+                **{cache_argument(model): self.cache},
                 use_cache=True,
             )
         finally:
