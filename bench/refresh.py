@@ -3,9 +3,11 @@ how much host memory it takes, beside what a restart of the same server costs, b
 
 One `eagle3-target serve --engine hf` (float32 on CPU, --threads torch threads, --admin-token-file) serves
 weights A; --repeats times it is refreshed from a local safetensors folder, to weights B and back to A, each
-under a new label. The baseline is a restart: a fresh `serve` of B in a process of its own, timed from its
+under a new label. One baseline is a restart: a fresh `serve` of B in a process of its own, timed from its
 start to its first 200 on /health (imports, load, warm-up and the start-up version digest), --repeats times.
-Both read checkpoints the page cache already holds. Printed: the medians and `refresh/restart time`.
+The other is the bare copy: safetensors' `load_file` and `load_state_dict` of the same weights into a model
+this process holds, at the servers' threads. All read checkpoints the page cache already holds. Printed: the
+medians, `refresh/restart time` and `refresh/bare load time`.
 
 Memory: the serving process's RSS (VmRSS of /proc/<pid>/status) before each refresh, and its peak during it
 (VmHWM, reset through /proc/<pid>/clear_refs just before), with how far its anonymous and file-backed
@@ -214,6 +216,25 @@ def refreshes(folders: dict[str, Path], tokens: Path, args, expected_b: bytes):
         server.stop()
 
 
+def bare_loads(folders: dict[str, Path], args) -> list[float]:
+    """The other baseline: safetensors' load_file and load_state_dict of the same weights into a model this
+    process already holds (torch at the servers' threads), alternating B and A as the refreshes do."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(folders["a"], dtype=torch.float32)
+    seconds = []
+    for i in range(args.repeats):
+        files = sorted(folders["ba"[i % 2]].glob("*.safetensors"))
+        start = time.perf_counter()
+        tensors = {k: v for f in files for k, v in load_file(f).items()}
+        result = model.load_state_dict(tensors, strict=False)
+        seconds.append(time.perf_counter() - start)
+        assert not result.unexpected_keys and len(result.missing_keys) <= 1, result  # a tied lm_head at most
+    return seconds
+
+
 def table_row(cells: list[str]) -> str:
     """The run's name left, numbers right, the version (refresh rows) last."""
     widths = [9, 9, 8, 9, 10, 10, 10]
@@ -223,7 +244,13 @@ def table_row(cells: list[str]) -> str:
     return row + "".join(f"  {c}" for c in cells[7:])
 
 
-def report(rows: list[tuple[str, dict]], restart_s: list[float], restart_peaks: list[int], size: int) -> None:
+def report(
+    rows: list[tuple[str, dict]],
+    restart_s: list[float],
+    restart_peaks: list[int],
+    size: int,
+    bare: list[float],
+) -> None:
     med = {key: statistics.median(r[key] for _, r in rows) for key in rows[0][1]}
     restart, restart_peak = statistics.median(restart_s), statistics.median(restart_peaks)
     columns = ["run", "seconds", "RSS MB", "peak MB", "after MB", "+anon MB", "+file MB", "version"]
@@ -237,6 +264,8 @@ def report(rows: list[tuple[str, dict]], restart_s: list[float], restart_peaks: 
     print(f"checkpoint: {size / MB:.0f} MB")
     print(f"median refresh: {med['s']:.2f} s, median restart: {restart:.2f} s")
     print(f"refresh/restart time: {med['s'] / restart:.3f}")
+    print(f"median bare load_file + load_state_dict: {statistics.median(bare):.2f} s")
+    print(f"refresh/bare load time: {med['s'] / statistics.median(bare):.2f}")
     print(f"refresh peak/serving RSS: {med['peak'] / med['before']:.2f}")
     print(f"refresh peak - serving RSS: {grown / MB:.0f} MB = {grown / size:.2f} x the checkpoint")
     print(f"after refresh/serving RSS: {med['after'] / med['before']:.2f}")
@@ -282,7 +311,8 @@ def main() -> None:
         )
         restart_s, restart_peaks, expected_b = restarts(folders["b"], root, args)
         started, rows = refreshes(folders, root, args, expected_b)
-    report(rows, restart_s, restart_peaks, size)
+        bare = bare_loads(folders, args)
+    report(rows, restart_s, restart_peaks, size, bare)
     print(f"started as: {started}")
     print("checked: after each refresh /model_info and /generate name the new version, and /generate's bytes")
     print("are a fresh server's of those weights")

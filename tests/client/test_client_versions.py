@@ -91,10 +91,9 @@ def test_after_a_refresh_batches_come_only_from_the_new_weights_prefetched_ones_
         refresh(refreshed, weights_b, "policy-2")
         wait_until(lambda: client.target_version == "policy-2")
         before = generated(farm, other)
-        got = [h.result().as_dict() for h in prefetched] + [
-            client.generate_batch(*b).as_dict() for b in batches[2:]
-        ]
-        assert_same(got, want)
+        taken = [h.result() for h in prefetched] + [client.generate_batch(*b) for b in batches[2:]]
+        assert [batch.target_version for batch in taken] == ["policy-2"] * len(batches)  # each says so
+        assert_same([batch.as_dict() for batch in taken], want)
         assert generated(farm, other) == before, "the replica at the old version was sent nothing"
         refresh(other, weights_b, "policy-2")
         wait_until(lambda: client.healthy_servers == 2)

@@ -46,10 +46,12 @@ class TargetBatch:
     position_ids: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
     doc_remaining: torch.Tensor | None = None
+    target_version: str | None = None  # of the weights that computed it (None: a server that does not say)
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         """The tensors this batch holds (packing metadata only when packed)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if isinstance(value, torch.Tensor)}
 
 
 class BatchHandle(PendingHandle):
@@ -76,7 +78,9 @@ class BatchHandle(PendingHandle):
         ids, loss = self._inputs["input_ids"], self._inputs["loss_mask"]
         supervision = decoded(reply, ids, loss, self._device, self._on_device)
         attention_mask = self._inputs["attention_mask"].to(self._device)
-        return TargetBatch(attention_mask=attention_mask, **supervision, **self._packing)
+        return TargetBatch(
+            attention_mask=attention_mask, **supervision, **self._packing, target_version=reply.target_version
+        )
 
 
 class _DeviceCache:
