@@ -28,9 +28,10 @@ def test_readme_opens_with_serve_then_test_commands():
     assert test.startswith("pip install torch==2.13.0") and test.endswith("python -m pytest -q")
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_command_and_stops_when_it_fails():
+    """Verbatim, in a subshell: set -e ignores a failure inside an && list but not a failed subshell."""
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert readme_commands()[1] in ci
+    assert f"( {readme_commands()[1]} )" in ci
 
 
 def test_ci_installs_every_commands_extra_as_a_user_does():
