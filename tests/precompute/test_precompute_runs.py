@@ -3,6 +3,7 @@ API (moto's server on loopback), a worker SIGKILLed mid-run and resumed, progres
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
@@ -17,9 +18,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 from target_support import TargetProcess, free_port
 
+from eagle3_target.client.precompute.cache import VERSION_FILE
 from eagle3_target.client.precompute.progress import Progress
 
-from .precompute_support import argv, cache_files, precompute, precompute_process
+from .precompute_support import argv, cache_files, cache_version, precompute, precompute_process
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -64,7 +66,8 @@ def test_two_worker_processes_write_to_s3_the_cache_one_writes_locally(hf_server
         [" 4 samples", " 1 shards"],
     ]
     stored = {p.rsplit("/", 1)[-1]: fs.cat(p) for p in fs.ls("cache/run", detail=False, refresh=True)}
-    assert stored == cache_files(tmp_path / "one")
+    version = json.loads(stored.pop(VERSION_FILE))["target_version"]  # ours, beside NeMo's files
+    assert stored == cache_files(tmp_path / "one") and version == cache_version(tmp_path / "one")
 
 
 def test_a_sigkilled_worker_leaves_whole_shards_and_resumes_to_the_same_bytes(
@@ -209,4 +212,5 @@ def test_a_process_killed_while_writing_a_shard_leaves_no_shard_and_resume_clear
         "manifest.json",
         *(f"shard-{i:06d}.safetensors" for i in range(3)),
         "target_embeddings.safetensors",
+        VERSION_FILE,
     ]

@@ -267,7 +267,9 @@ def check(args: argparse.Namespace) -> None:
 
     spec = engine(args.engine)
     trust = getattr(args, "trust_remote_code", False)
-    if spec.package is not None:  # an image-text model: refused before the engine's import
+    # An image-text model is refused before the engine's import, from a local config even without the engine;
+    # a hub id with the engine missing gets the missing engine first (looking it up could only fail offline).
+    if spec.package is not None and (preflight.local_folder(args.model) or preflight.installed(args.engine)):
         preflight.check_model(args.model)
         preflight.refuse_image_text(args.engine, args.model, trust)
     preflight.check_engine(args.engine)

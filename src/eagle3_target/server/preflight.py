@@ -17,9 +17,19 @@ from .options import UsageError
 from .parallel import ParallelLayout
 
 
+def installed(name: str) -> bool:
+    """Whether engine ``name``'s package (if it has one) can be imported here."""
+    package = engine(name).package
+    return package is None or importlib.util.find_spec(package) is not None
+
+
+def local_folder(model: str | None) -> bool:
+    return model is not None and Path(model).is_dir()
+
+
 def check_engine(name: str) -> None:
     package = engine(name).package
-    if package is not None and importlib.util.find_spec(package) is None:
+    if not installed(name):
         raise UsageError(
             f"--engine {name} needs {package}, which is not installed: "
             f"pip install 'eagle3-target[server,{package}]' (see docs/{package}.md)"
