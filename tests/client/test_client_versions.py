@@ -96,7 +96,7 @@ def test_after_a_refresh_batches_come_only_from_the_new_weights_prefetched_ones_
         assert_same([batch.as_dict() for batch in taken], want)
         assert generated(farm, other) == before, "the replica at the old version was sent nothing"
         refresh(other, weights_b, "policy-2")
-        wait_until(lambda: client.healthy_servers == 2)
+        wait_until(lambda: client.pool.members[other].version == "policy-2")  # its next poll
         for b in batches:
             client.generate_batch(*b)
         assert generated(farm, other) > before, "refreshed too, it serves again"

@@ -212,13 +212,14 @@ class Failover:
 
     def _pick(self, rejected: set[str] = frozenset()) -> Member | None:
         now = asyncio.get_running_loop().time()
+        wanted = self.membership.wanted_version()  # once per pick: the newest is a count over the members
         free = [
             m
             for m in self.healthy()
             if m.in_flight < self.options.max_in_flight
             and m.rest_until <= now
             and m.url not in rejected
-            and self.membership.at_wanted_version(m)
+            and (wanted is None or m.version == wanted)
         ]
         if not free:
             return None
