@@ -54,7 +54,10 @@ def _malformed(target, drafts) -> None:
     """Drafts wrong in the ways vLLM would take silently or fail on deep in its start."""
     for name in ("config", "parallel", "fc", "layers", "vocab"):
         write_eagle3_draft(target, drafts / name)
-    folder = lambda name: drafts / name / "model" / "consolidated"  # noqa: E731
+
+    def folder(name: str) -> Path:
+        return drafts / name / "model" / "consolidated"
+
     (folder("config") / "config.json").write_text("{not json")
     config = json.loads((folder("parallel") / "config.json").read_text())
     (folder("parallel") / "config.json").write_text(json.dumps({**config, "parallel_drafting": True}))
