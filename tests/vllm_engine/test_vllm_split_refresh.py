@@ -4,6 +4,7 @@ engine computes them within 1e-4; back again bit for bit as before; a source of 
 anything that serves changes."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -61,7 +62,9 @@ async def test_tensor_parallel_2_refreshes_in_place_as_the_hf_engine_computes_th
         version, kept = await supervision(srv)
         assert version == started
         assert_equal(kept, before)
+        start = time.perf_counter()
         assert await refresh(srv, weights_b, "v-b") == (200, {"version": "v-b"})
+        print(f"refreshed to B in {time.perf_counter() - start:.2f}s")
         version, after = await supervision(srv)
         assert version == "v-b"
         assert await refresh(srv, order_one_dir, "v-a") == (200, {"version": "v-a"})
@@ -73,4 +76,5 @@ async def test_tensor_parallel_2_refreshes_in_place_as_the_hf_engine_computes_th
     largest = gaps(after, want)
     print("largest gaps to the hf engine on B", largest)
     assert max(largest.values()) <= TOLERANCE, largest
-    assert max(gaps(before, want).values()) > 1e-2, "B differs from A"
+    real = MASK.bool()
+    assert not torch.allclose(after["aux_hidden_states"][real], before["aux_hidden_states"][real], atol=1e-2)
