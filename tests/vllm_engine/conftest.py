@@ -22,6 +22,7 @@ collect_ignore = (
         "test_vllm_parallel.py",
         "test_vllm_serve_nodes.py",
         "test_vllm_refresh.py",
+        "test_vllm_split_refresh.py",
         "test_vllm_generation.py",
     ]
 )
