@@ -31,9 +31,15 @@ def target(tmp_path_factory):
 
 def info(aux_layer_ids=(1, 3, 7)) -> RunnerInfo:
     return RunnerInfo.build(
-        model="t", engine="vllm", num_hidden_layers=8, hidden_size=64, vocab_size=512,
-        aux_layer_ids=list(aux_layer_ids), dtype=torch.float32, device="cpu",
-    )  # fmt: skip
+        model="t",
+        engine="vllm",
+        num_hidden_layers=8,
+        hidden_size=64,
+        vocab_size=512,
+        aux_layer_ids=list(aux_layer_ids),
+        dtype=torch.float32,
+        device="cpu",
+    )
 
 
 def test_the_vllm_tests_draft_has_nemos_layout(target, tmp_path):
