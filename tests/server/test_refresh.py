@@ -35,8 +35,9 @@ def admin(token: str = ADMIN) -> dict:
 
 
 async def start(folder, **options):
+    """A server of ``folder`` (None: the embedded default) with the admin token."""
     return serve(
-        lambda: HFRunner.load(str(folder)),
+        lambda: HFRunner.load(None if folder is None else str(folder)),
         ServerOptions(auth_token=TRAINER, **{"admin_token": ADMIN, **options}),
     )
 
@@ -88,6 +89,13 @@ async def test_a_refresh_serves_the_new_weights_as_a_fresh_load_and_names_them(t
             text = await resp.text()
         assert 'eagle3_target_target_version_info{version="policy-step-0"} 1.0' in text
         assert 'eagle3_target_weight_refreshes_total{outcome="served"} 2.0' in text
+
+
+async def test_the_embedded_default_refreshes_from_a_checkpoint_of_its_own_build(weights_b):
+    assert (await fresh_answer(weights_b)) != (await fresh_answer(None))
+    async with await start(None) as server:
+        assert await refresh(server, weights_b, "ft-2") == (200, {"version": "ft-2"})
+        assert await answer(server) == ("ft-2", await fresh_answer(weights_b))
 
 
 async def test_model_info_says_when_the_refresh_began_and_weight_replies_name_their_version(

@@ -19,7 +19,8 @@ TINY_LLAMA = dict(
 
 def build_tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
     """Same seed, same torch build: same weights, on any machine."""
-    config = LlamaConfig(**{**TINY_LLAMA, **overrides})
+    # architectures as save_pretrained writes it: the embedded default's config digest is its checkpoint's
+    config = LlamaConfig(**{"architectures": [LlamaForCausalLM.__name__], **TINY_LLAMA, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
