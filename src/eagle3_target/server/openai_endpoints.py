@@ -12,7 +12,7 @@ from eagle3_target.protocol import contract
 
 from . import openai_replies
 from .errors import ServiceError
-from .generation import GenerationService
+from .generation import GenerationService, context_length
 from .openai_request import parse_ask
 from .sessions import session_id
 
@@ -34,7 +34,7 @@ class OpenAIEndpoints:
 
     async def models(self, request: web.Request) -> web.Response:
         runner = self.generation.runner()
-        length = runner.info.config.get("max_position_embeddings")
+        length = context_length(runner)
         body = openai_replies.models_body(runner.info.model, self.generation.model.loaded_at, length)
         return web.json_response(body)
 

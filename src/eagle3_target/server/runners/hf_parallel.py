@@ -81,6 +81,7 @@ class HFParallelRunner(LeadingRunner):
     def __init__(self, inner, group: RankGroup, layout: ParallelLayout, tokenizer=None):
         super().__init__(inner, group, layout)
         self.tokenizer = tokenizer  # for the /v1 endpoints; None: they refuse (generation.py)
+        self.max_model_len = inner.max_model_len
         self.abandoned: collections.deque[int] = (
             collections.deque()
         )  # appended by LeadingDecoding's finalizer

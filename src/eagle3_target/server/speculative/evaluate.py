@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInput, OutOfRange, TooLarge
+from ..generation import context_exceeded, context_length
+from ..metrics import ServerMetrics
 from ..model_host import ModelHost
 from ..options import ServerOptions
 from ..runners.hf import HFRunner
@@ -19,7 +21,8 @@ from ..scheduler import FairScheduler, priority_class
 from . import drafts
 from .decode import Decoding
 
-DEFAULT_PRIORITY = "low"  # evaluation yields to training's /generate while both wait
+# A client's evaluations take turns as one scheduler session of their own, apart from its /generate
+TENANT_PREFIX = "evaluation:"
 MAX_SPECULATIVE_TOKENS = 32
 MAX_TOKENS = 4096  # new tokens per prompt
 MAX_PROMPTS = 256
@@ -28,8 +31,10 @@ MAX_PROMPTS = 256
 class SpeculativeEvaluator:
     """Speculative decoding of prompts with a draft read from --draft-dir-root, on the `hf` engine."""
 
-    def __init__(self, model: ModelHost, turns: FairScheduler, options: ServerOptions):
-        self.model, self.turns, self.options = model, turns, options
+    def __init__(
+        self, model: ModelHost, turns: FairScheduler, options: ServerOptions, metrics: ServerMetrics
+    ):
+        self.model, self.turns, self.options, self.metrics = model, turns, options, metrics
         self.root = Path(options.draft_dir_root) if options.draft_dir_root else None
         self.drafts = drafts.DraftCache()
         self._tokenizer: Any = None
@@ -41,7 +46,7 @@ class SpeculativeEvaluator:
         # K = 0 is plain greedy decoding through the same loop: the baseline, which needs no draft
         folder = drafts.resolve(self.root, asked.get("draft")) if k or "draft" in asked else None
         max_tokens = _int(asked, "max_tokens", 1, MAX_TOKENS)
-        priority = asked.get("priority", DEFAULT_PRIORITY)
+        priority = asked.get("priority", self.options.generation.priority)
         if not isinstance(priority, str):
             raise InvalidInput("invalid_field", "'priority' must be one of low, normal, high")
         priority = priority_class(priority, self.options.max_priority)
@@ -49,24 +54,41 @@ class SpeculativeEvaluator:
         prompts = [await self._prompt(runner, p, max_tokens + k) for p in _prompts(asked)]
         draft = await asyncio.to_thread(self.drafts.get, folder, runner.info) if folder else None
         eos = _eos(runner)
-        start, results = time.perf_counter(), []
-        for prompt in prompts:
-            decoding = Decoding(runner, draft if k else None, prompt, k, max_tokens, eos)
-            async with self.turns.turn(session, len(prompt), priority):
-                await self.model.call(decoding.prefill)
-            while not decoding.done:
-                async with self.turns.turn(session, k + 1, priority):
-                    await self.model.call(decoding.step)
-            results.append(
-                {
-                    "prompt_tokens": len(prompt),
-                    "output_ids": decoding.output,
-                    "accepted_per_step": decoding.accepted,
-                    "accepted_per_position": decoding.per_position,
-                }
-            )
+        decodings = [Decoding(runner, draft if k else None, p, k, max_tokens, eos) for p in prompts]
+        start = time.perf_counter()
+        await self._run(decodings, TENANT_PREFIX + session, priority, k)
+        results = [
+            {
+                "prompt_tokens": len(d.prompt),
+                "output_ids": d.output,
+                "accepted_per_step": d.accepted,
+                "accepted_per_position": d.per_position,
+            }
+            for d in decodings
+        ]
         name = None if folder is None else str(folder.relative_to(self.root.resolve()))
         return _summary(name, k, results, time.perf_counter() - start)
+
+    async def _run(self, decodings: list[Decoding], tenant: str, priority: str, k: int) -> None:
+        """Every prompt's forwards in turns at the model, charged the model time each turn held (as a
+        generation's chunks are), the metrics counted per turn."""
+        forwards = max(1, self.options.generation.chunk_tokens // (k + 1))
+        charge, outcome, m = len(decodings[0].prompt) + forwards, "abort", self.metrics
+        try:
+            while not all(d.done for d in decodings):
+                async with self.turns.turn(tenant, charge, priority, by_tokens=False):
+                    start = time.perf_counter()
+                    steps, accepted, emitted = await self.model.call(_advance, decodings, forwards)
+                    held = time.perf_counter() - start
+                charge = self.turns.tokens_for(held, fallback=emitted or 1)
+                m.speculative_steps.inc(steps)
+                m.speculative_draft_tokens.inc(steps * k)
+                m.speculative_accepted_tokens.inc(accepted)
+                m.speculative_output_tokens.inc(emitted)
+            m.speculative_prompts.inc(len(decodings))
+            outcome = "done"
+        finally:
+            m.speculative_evaluations.labels(outcome).inc()
 
     async def _prompt(self, runner: HFRunner, prompt: Any, room: int) -> list[int]:
         """A prompt's token ids: given as input_ids, or its messages through the target's chat template."""
@@ -82,6 +104,9 @@ class SpeculativeEvaluator:
                 raise InvalidInput("invalid_prompt", "'input_ids' must be a non-empty list of integers")
             if not all(0 <= i < runner.info.vocab_size for i in ids):
                 raise OutOfRange("token_out_of_range", f"input_ids must be in [0, {runner.info.vocab_size})")
+        context = context_length(runner)
+        if context is not None and len(ids) + room > context:
+            raise context_exceeded(context, len(ids), room, "max_tokens", "max_tokens and K")
         if len(ids) + room > self.options.max_batch_tokens:
             raise TooLarge(
                 "prompt_too_long",
@@ -110,6 +135,25 @@ class SpeculativeEvaluator:
                 "invalid_messages", f"the chat template refused the messages: {exc}"[:300]
             ) from None
         return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _advance(decodings: list[Decoding], forwards: int) -> tuple[int, int, int]:
+    """On the model thread, in one turn: up to ``forwards`` target forwards (a prompt's prefill or a verify
+    step), through the prompts in order, the next starting in the same turn where one ends. Each prompt's
+    loop is the same as alone, so the tokens are too. The verify steps, accepted proposals and output tokens."""
+    steps = accepted = emitted = 0
+    for decoding in decodings:
+        while forwards and not decoding.done:
+            before = len(decoding.output)
+            if decoding.output:
+                decoding.step()
+                steps, accepted = steps + 1, accepted + decoding.accepted[-1] - 1
+            else:
+                decoding.prefill()
+            emitted, forwards = emitted + len(decoding.output) - before, forwards - 1
+        if not forwards:
+            break
+    return steps, accepted, emitted
 
 
 def _parse(body: bytes) -> dict[str, Any]:
