@@ -143,7 +143,7 @@ class ServerMetrics:
 
         self.speculative_evaluations = counter(
             "evaluations",
-            "Evaluations that ran, by outcome (done, or abort: the client left or it failed)",
+            "Evaluations that ran, by outcome: done, or failed (an error stopped it)",
             ["outcome"],
         )
         self.speculative_prompts = counter("prompts", "Prompts of the evaluations that were done")
@@ -153,7 +153,7 @@ class ServerMetrics:
             "accepted_tokens", "Draft tokens the target accepted (each step also gives one of its own)"
         )
         self.speculative_output_tokens = counter("output_tokens", "Output tokens of the evaluations")
-        for outcome in ("done", "abort"):
+        for outcome in ("done", "failed"):
             self.speculative_evaluations.labels(outcome)
 
     def _version_metrics(self, r: CollectorRegistry) -> None:

@@ -73,7 +73,7 @@ class SpeculativeEvaluator:
         """Every prompt's forwards in turns at the model, charged the model time each turn held (as a
         generation's chunks are), the metrics counted per turn."""
         forwards = max(1, self.options.generation.chunk_tokens // (k + 1))
-        charge, outcome, m = len(decodings[0].prompt) + forwards, "abort", self.metrics
+        charge, outcome, m = len(decodings[0].prompt) + forwards, "failed", self.metrics
         try:
             while not all(d.done for d in decodings):
                 async with self.turns.turn(tenant, charge, priority, by_tokens=False):
