@@ -4,7 +4,9 @@ The new weights are read and checked off the model thread while the old ones kee
 (weight_source.py); then one call on the model thread, between two forwards, copies them into the served
 tensors and sets the version. A forward runs wholly before or wholly after that call, so every reply comes
 from one set of weights and names it (pipeline.py reads the version in the forward's own call). Anything
-wrong is refused before that call: the old weights and their version keep serving. No HTTP here.
+wrong is refused before that call: the old weights and their version keep serving. A split replica does the
+same on every rank (runners/rank_refresh.py): each reads and checks its own part while the old weights serve,
+and only when every rank has its part does one call swap them on every rank. No HTTP here.
 """
 
 from __future__ import annotations
@@ -84,10 +86,7 @@ class WeightRefresh:
                         "refresh_not_offered",
                         f"the {runner.info.engine} engine{split} cannot refresh its weights in place",
                     )
-                # what the source must match: the weights held here, or their layout (an engine that holds
-                # them in its own workers: vllm)
-                served = await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
-                staged = await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
+                staged = await self._stage(runner, source)
             except ServiceError as exc:
                 self.metrics.refreshes.labels("refused").inc()
                 log.warning("refresh to %s from %s refused: %s", version, source, exc.detail)
@@ -99,6 +98,22 @@ class WeightRefresh:
         self.metrics.refresh_seconds.set(elapsed)
         log.info("serving version %s from %s, refreshed in %.2fs", version, source, elapsed)
         return version
+
+    async def _stage(self, runner, source: str):
+        """The new weights read and checked, off the model thread; for a split replica (``begin_staging``),
+        every rank's own part, held by the ranks until the swap (or dropped, when any rank refuses)."""
+        if hasattr(runner, "begin_staging"):
+            ticket = await self.model.call(runner.begin_staging, source)
+            try:
+                await asyncio.to_thread(runner.wait_staged, ticket)
+            except BaseException:
+                await self.model.call(runner.drop_staged, ticket)
+                raise
+            return ticket
+        # what the source must match: the weights held here, or their layout (an engine that holds them in
+        # its own workers: vllm)
+        served = await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
+        return await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
 
     def _swap(self, runner, staged, version: str) -> None:
         """On the model thread, between forwards: the weights and their version together."""

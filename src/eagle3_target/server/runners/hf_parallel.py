@@ -9,6 +9,7 @@ the plan, logits gathered (``colwise_gather_output``), and sharded weights gathe
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import tempfile
 
@@ -23,6 +24,7 @@ from .hf import load_tokenizer
 from .hf_pipeline import load_stage
 from .hf_split_generate import LeadingDecoding, ShardRunner
 from .leading import LeadingRunner, follow_calls
+from .rank_refresh import RankRefresh, wait_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,9 @@ def _tensor_parallel(size: int) -> dict:
 
 
 class HFParallelRunner(LeadingRunner):
-    """Rank 0 of a split hf replica; it generates text too (hf_split_generate.py)."""
+    """Rank 0 of a split hf replica; it generates text too (hf_split_generate.py). A refresh (refresh.py) has
+    two phases on every rank (rank_refresh.py): ``begin_staging`` and ``wait_staged``, then
+    ``replace_weights`` or ``drop_staged``."""
 
     def __init__(self, inner, group: RankGroup, layout: ParallelLayout, tokenizer=None):
         super().__init__(inner, group, layout)
@@ -85,6 +89,7 @@ class HFParallelRunner(LeadingRunner):
         self.abandoned: collections.deque[int] = (
             collections.deque()
         )  # appended by LeadingDecoding's finalizer
+        self._tickets = itertools.count()
 
     def start_generation(self, prompt_ids: list[int], params: SamplingParams) -> LeadingDecoding:
         return LeadingDecoding(self, prompt_ids, params)  # nothing broadcast before its first advance
@@ -94,6 +99,24 @@ class HFParallelRunner(LeadingRunner):
         while self.abandoned:
             drop.append(self.abandoned.popleft())
         return self._everywhere("generation_step", key, steps, begin, drop)
+
+    def begin_staging(self, source: str) -> int:
+        """On the model thread: every rank starts reading its part of ``source``; the refresh's ticket."""
+        ticket = next(self._tickets)
+        self._everywhere("stage_weights", source, ticket)
+        return ticket
+
+    def wait_staged(self, ticket: int) -> None:
+        """Off the model thread: until every rank has its part; the first rank's refusal raised."""
+        wait_outcomes(self.group, ticket)
+
+    def replace_weights(self, ticket: int) -> None:
+        """On the model thread, between forwards: every rank's staged part into what it serves."""
+        self._everywhere("commit_weights", ticket, True)
+
+    def drop_staged(self, ticket: int) -> None:
+        if self.group.dead is None:  # a replica that lost a rank has nothing left to drop it on
+            self._everywhere("commit_weights", ticket, False)
 
     def forward(self, input_ids, attention_mask, **packed):
         return self._everywhere("forward", input_ids, attention_mask, **packed)
@@ -124,7 +147,7 @@ def load(*, parallel: ParallelLayout, **options) -> HFParallelRunner:
     device = options.get("device", "cpu")
     options = rank_options(options, parallel)
     group = join(parallel, options, device)
-    inner = split_runner(options, 0, parallel.world_size, rank_device(device, 0))
+    inner = RankRefresh(split_runner(options, 0, parallel.world_size, rank_device(device, 0)), group)
     tokenizer = load_tokenizer(options["model"], options.get("trust_remote_code", False))
     log.info("rank 0 of %d leads the hf replica (%s)", parallel.world_size, parallel.describe())
     return HFParallelRunner(inner, group, parallel, tokenizer)
@@ -139,4 +162,5 @@ def follow(*, parallel: ParallelLayout, **options) -> None:
 def follow_group(group: RankGroup, options: dict) -> None:
     """Load this rank's shard and run every call rank 0 broadcasts, until it says stop."""
     device = rank_device(options.get("device", "cpu"), group.spec.local_rank)
-    follow_calls(group, split_runner(options, group.rank, group.spec.world_size, device), device)
+    runner = split_runner(options, group.rank, group.spec.world_size, device)
+    follow_calls(group, RankRefresh(runner, group), device)
