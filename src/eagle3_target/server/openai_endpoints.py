@@ -67,6 +67,8 @@ class OpenAIEndpoints:
         except ServiceError as exc:  # the status is sent: the error goes as an event, as vLLM does
             log.warning("%s: generation failed mid-stream: %s", request.path, exc.detail)
             await response.write(openai_replies.sse(openai_replies.error_body(400, exc.error, exc.detail)))
+        finally:  # a client that left (the write raised) ends its generation now, not when it is collected
+            await generation.pieces.aclose()
         if ask.include_usage:
             used = openai_replies.usage(generation.prompt_tokens, generation.completion_tokens)
             await response.write(reply.usage_chunk(used))
