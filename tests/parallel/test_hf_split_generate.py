@@ -17,7 +17,7 @@ import urllib.parse
 import pytest
 import torch
 from parallel_support import OPENER, post, write_split_llama
-from target_support import TargetProcess
+from target_support import TargetProcess, samples
 from transformers import AutoModelForCausalLM
 
 from eagle3_target.server.runners.hf_generate import HFDecoding, eos_token_ids
@@ -27,7 +27,7 @@ from eagle3_target.server.sampling import SamplingParams
 PROMPTS = [[5, 6, 7], [40, 300, 9, 11], [100]]
 MAX_TOKENS = 20
 SAMPLED = dict(temperature=1.0, top_p=0.9, top_k=100, seed=7)
-ABORTED = 'eagle3_target_generation_requests_total{finish="abort"}'
+GENERATIONS, ABORTED = "eagle3_target_generation_requests_total", '{finish="abort"}'
 
 
 @pytest.fixture(scope="module")
@@ -119,12 +119,6 @@ def test_a_streamed_request_gives_the_same_text(url):
         assert text == whole["choices"][0]["text"]
 
 
-def metric(url: str, name: str) -> float:
-    with OPENER.open(f"{url}/metrics", timeout=30) as resp:
-        lines = resp.read().decode().splitlines()
-    return next(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
-
-
 def leave_mid_stream(url: str, prompt: list[int]) -> None:
     """Start a long streamed completion, read its first event, and hang up."""
     address = urllib.parse.urlsplit(url)
@@ -145,10 +139,10 @@ def leave_mid_stream(url: str, prompt: list[int]) -> None:
 def test_a_client_that_leaves_mid_stream_does_not_wedge_the_ranks(url, checkpoint):
     _, model = checkpoint
     for prompt in PROMPTS[:2]:
-        aborted = metric(url, ABORTED)
+        aborted = samples(url, GENERATIONS)[ABORTED]
         leave_mid_stream(url, prompt)
         deadline = time.monotonic() + 3  # at once (well under a second), not when the collector finds it
-        while metric(url, ABORTED) == aborted:  # the server saw it leave and ended its sequence
+        while samples(url, GENERATIONS)[ABORTED] == aborted:  # the server saw it leave and ended its sequence
             assert time.monotonic() < deadline, "the abandoned generation did not end when its client left"
             time.sleep(0.1)
     expected = model.generate(torch.tensor([PROMPTS[2]]), do_sample=False, max_new_tokens=MAX_TOKENS)

@@ -1,7 +1,9 @@
-"""POST /v1/speculative/evaluate without the HTTP: validate the request, load the draft, run each prompt's
-draft-then-verify loop one step per turn at the model, at a low priority class by default, so training's
-/generate keeps its share (scheduler.py). On the vllm engine vLLM's own EAGLE-3 decodes instead, in an
-evaluation engine of its own (vllm_evaluate.py). The request's JSON and the reply's are in docs/evaluate.md.
+"""POST /v1/speculative/evaluate without the HTTP: validate the request (its prompts within the target's
+context), load the draft, run the prompts' draft-then-verify loops in turns at the model, a client's
+evaluations one scheduler session of their own at --generation-priority by default, so training's /generate
+keeps its share (scheduler.py); counted in the eagle3_target_speculative_* metrics. On the vllm engine vLLM's
+own EAGLE-3 decodes instead, in an evaluation engine of its own (vllm_evaluate.py). The request's JSON and the
+reply's are in docs/evaluate.md.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput, OutOfRange, TooLarge
+from ..errors import InvalidInput, OutOfRange, ServiceError, TooLarge
 from ..generation import context_exceeded, context_length
 from ..metrics import ServerMetrics
 from ..model_host import ModelHost
@@ -97,7 +99,8 @@ class SpeculativeEvaluator:
             m.speculative_evaluations.labels(outcome).inc()
 
     async def _vllm(self, runner, folder: Path | None, k: int, prompts: list[list[int]], max_tokens: int):
-        """vLLM's own speculative decoding (its results and seconds), counted in the metrics at its end."""
+        """vLLM's own speculative decoding (its results and seconds), counted in the metrics at its end; one it
+        refused (429 busy, a draft vLLM will not load) is not, as an hf request refused before its turns."""
         outcome, m = "failed", self.metrics
         try:
             results, seconds = await self.vllm.run(runner, folder, k, prompts, max_tokens)
@@ -108,8 +111,12 @@ class SpeculativeEvaluator:
             m.speculative_output_tokens.inc(sum(len(r["output_ids"]) for r in results))
             m.speculative_prompts.inc(len(results))
             outcome = "done"
+        except ServiceError:
+            outcome = None
+            raise
         finally:
-            m.speculative_evaluations.labels(outcome).inc()
+            if outcome is not None:
+                m.speculative_evaluations.labels(outcome).inc()
         return results, seconds
 
     async def _prompt(self, runner: HFRunner, prompt: Any, room: int) -> list[int]:
