@@ -84,6 +84,16 @@ def served(server: TargetServer, endpoint: str, code: str) -> float:
     return server.metrics.registry.get_sample_value("eagle3_target_requests_total", labels) or 0.0
 
 
+def samples(url: str, prefix: str) -> dict[str, float]:
+    """A server's /metrics samples whose names start with ``prefix``, each by the rest of its name and its
+    labels as written there (``_created`` timestamps aside)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/metrics", timeout=30) as resp:
+        lines = resp.read().decode().splitlines()
+    found = (line.rsplit(" ", 1) for line in lines if line.startswith(prefix))
+    return {name.removeprefix(prefix): float(value) for name, value in found if "_created" not in name}
+
+
 PORT_TAKEN = "Address already in use"  # how `serve` ends when its --port was taken
 
 

@@ -185,6 +185,42 @@ async def test_a_generate_request_waits_for_one_chunk_not_for_the_whole_generati
         assert (await long)[0] == 200
 
 
+async def test_a_request_past_the_model_context_is_refused_before_any_work_and_a_default_is_cut_to_fit():
+    """As vLLM: prompt plus max_tokens past max_position_embeddings is a 400 naming the numbers; a chat that
+    names no max_tokens gets the room left; a prompt that leaves none is refused; the server keeps serving."""
+    from eagle3_target.server.runners.tiny import build_tiny_llama, build_tiny_tokenizer
+
+    def small_context() -> HFRunner:
+        model = build_tiny_llama(max_position_embeddings=24)
+        return HFRunner(model, name=EMBEDDED_MODEL, tokenizer=build_tiny_tokenizer())
+
+    async with serve(small_context, ServerOptions(generation=GenerationOptions(max_tokens=64))) as srv:
+        registry = srv.server.metrics.registry
+        async with srv.http.get(srv.url + "/v1/models") as resp:
+            assert (await resp.json())["data"][0]["max_model_len"] == 24
+        body = {"model": EMBEDDED_MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 21, "temperature": 0}
+        for path, asked, param in [
+            (COMPLETIONS, body, "max_tokens"),
+            (COMPLETIONS, {**body, "stream": True}, "max_tokens"),
+            (CHAT, chat("w1", max_tokens=24), "max_tokens"),
+            (CHAT, chat(" ".join(["w1"] * 30)), "messages"),  # the prompt alone fills the context
+        ]:
+            status, raw = await post(srv, path, asked)
+            error = json.loads(raw)["error"]
+            assert status == 400 and error["code"] == "context_length_exceeded", raw
+            assert error["param"] == param and "maximum context length is 24 tokens" in error["message"]
+            if asked is body:
+                assert "requested 25 tokens (4 in the prompt, 21 in the completion)" in error["message"]
+        assert registry.get_sample_value("eagle3_target_generation_prompt_tokens_total") == 0  # nothing ran
+        status, raw = await post(srv, COMPLETIONS, {**body, "max_tokens": 20})
+        assert status == 200 and json.loads(raw)["usage"]["total_tokens"] <= 24
+        status, raw = await post(srv, CHAT, chat("w1", temperature=0))  # no max_tokens: the room left
+        used = json.loads(raw)["usage"]
+        assert status == 200 and used["total_tokens"] <= 24
+        finish = json.loads(raw)["choices"][0]["finish_reason"]
+        assert finish == "stop" or used["total_tokens"] == 24
+
+
 def test_serve_flags_set_the_generation_options():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)

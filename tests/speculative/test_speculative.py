@@ -14,8 +14,9 @@ import pytest
 import torch
 from nemo.nemo_support import make_data
 from speculative.draft_support import chat_ids, greedy, write_draft
-from target_support import TargetProcess, serve
+from target_support import TargetProcess, samples, serve
 from transformers import AutoModelForCausalLM
+from vllm_engine.eagle3_draft import write_eagle3_draft
 
 from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.runners.hf import HFRunner
@@ -38,6 +39,8 @@ def lab(tmp_path_factory):
         root / "target", checkpoints / "epoch_0_step_4", seed=0, sharded=True
     )  # the newest: the one evaluated
     write_draft(root / "target", root / "drafts" / "wide", target_hidden_size=32)
+    # proposes the target's last token again: some proposals accepted (vllm_engine/eagle3_draft.py)
+    write_eagle3_draft(root / "target", root / "drafts" / "copying", copying=True)
     server = TargetProcess(
         "127.0.0.1",
         "--engine",
@@ -64,6 +67,9 @@ def post(url: str, body) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+SPECULATIVE = "eagle3_target_speculative_"
+
+
 def test_speculative_decoding_gives_the_target_greedy_tokens(lab):
     _, server, model = lab
     asked = {"draft": "run/checkpoints", "prompts": [{"input_ids": p} for p in PROMPTS], "max_tokens": 24}
@@ -81,6 +87,29 @@ def test_speculative_decoding_gives_the_target_greedy_tokens(lab):
     ]  # plain greedy through the same loop
     assert [r["output_ids"] for r in baseline["results"]] == [r["output_ids"] for r in reply["results"]]
     assert baseline["acceptance_length"] == 1
+
+
+def test_the_metrics_count_each_evaluation_as_its_reply_does(lab):
+    """eagle3_target_speculative_*: one done evaluation, its prompts, verify steps, K draft tokens a step, the
+    accepted ones (the copying draft's, some) and the output tokens; 1 + accepted / steps is the acceptance."""
+    _, server, _ = lab
+    before = samples(server.url, SPECULATIVE)
+    asked = {"draft": "copying", "prompts": [{"input_ids": p} for p in PROMPTS], "max_tokens": 24}
+    status, reply = post(server.url, {**asked, "num_speculative_tokens": 3})
+    assert status == 200, reply
+    moved = {name: value - before[name] for name, value in samples(server.url, SPECULATIVE).items()}
+    accepted = sum(sum(r["accepted_per_step"]) - len(r["accepted_per_step"]) for r in reply["results"])
+    assert accepted > 0
+    assert moved == {
+        'evaluations_total{outcome="done"}': 1,
+        'evaluations_total{outcome="failed"}': 0,
+        "prompts_total": len(PROMPTS),
+        "steps_total": reply["steps"],
+        "draft_tokens_total": 3 * reply["steps"],
+        "accepted_tokens_total": accepted,
+        "output_tokens_total": reply["output_tokens"],
+    }
+    assert 1 + accepted / reply["steps"] == pytest.approx(reply["acceptance_length"])
 
 
 def test_a_draft_that_proposes_right_has_every_proposal_accepted(lab):
@@ -183,6 +212,22 @@ def test_bad_requests_get_one_line_errors(lab, body, status, error):
         ]
         == 200
     )
+
+
+def test_a_prompt_past_the_model_context_is_refused_with_the_numbers_before_any_work(lab):
+    """As /v1 generation (tests/server/test_generation.py): prompt, max_tokens and K past the target's 4096
+    positions is a 400 naming them; nothing runs (the metrics stay), and the server keeps serving."""
+    _, server, _ = lab
+    before = samples(server.url, SPECULATIVE)
+    body = {**ASK, "prompts": [{"input_ids": PROMPTS[1]}, {"input_ids": PROMPTS[0]}], "max_tokens": 4092}
+    got, reply = post(server.url, body)
+    assert (got, reply["error"]) == (400, "context_length_exceeded"), reply
+    assert reply["detail"] == (
+        "This model's maximum context length is 4096 tokens. However, you requested 4100 tokens (6 in the "
+        "prompt, 4094 in max_tokens and K). Please reduce the length of the prompt or completion."
+    )
+    assert samples(server.url, SPECULATIVE) == before
+    assert post(server.url, {**body, "max_tokens": 4})[0] == 200
 
 
 def test_evaluate_command_against_a_dead_url_ends_in_one_line(tmp_path):

@@ -17,7 +17,9 @@ from .vllm_support import VLLM_INSTALLED, VLLM_TINY
 collect_ignore = (
     []
     if VLLM_INSTALLED
-    else sorted(path.name for path in Path(__file__).parent.glob("test_*.py") if path.name != "test_vllm_optional.py")
+    else sorted(
+        path.name for path in Path(__file__).parent.glob("test_*.py") if path.name != "test_vllm_optional.py"
+    )
 )
 
 # A small CPU KV cache: the tests' batches are tiny, and other processes share this machine.

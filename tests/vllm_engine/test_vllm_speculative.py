@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from target_support import TargetProcess, generate_body, vocab_body
+from target_support import TargetProcess, generate_body, samples, vocab_body
 from transformers import AutoModelForCausalLM
 
 from .eagle3_draft import write_eagle3_draft
@@ -25,6 +25,7 @@ ENDPOINT = "/v1/speculative/evaluate"
 PROMPTS = [[1, 5, 9, 33, 7], [100, 3], [4, 8, 15, 16, 23, 42]]
 K, MAX_TOKENS = 3, 24
 STARTING = "evaluation engine starting"  # the server's log line once an evaluation holds the replica
+SPECULATIVE = "eagle3_target_speculative_"
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,7 @@ def test_vllm_speculative_decoding_is_lossless_and_one_evaluation_runs_at_a_time
     server, model_dir = lab
     asked = {"draft": "run", "num_speculative_tokens": K, "max_tokens": MAX_TOKENS}
     asked["prompts"] = [{"input_ids": p} for p in PROMPTS]
+    before = samples(server.url, SPECULATIVE)
     got = {}
     first = threading.Thread(target=lambda: got.update(reply=post(server.url, asked)))
     first.start()
@@ -134,6 +136,31 @@ def test_vllm_speculative_decoding_is_lossless_and_one_evaluation_runs_at_a_time
     assert reply["acceptance_length"] == pytest.approx(1 + sum(reply["acceptance_rates"]))
     assert reply["acceptance_length"] > 1.5  # the copying draft's proposals are taken on a repeating target
     assert reply["tokens_per_second"] > 0
+    moved = {name: value - before[name] for name, value in samples(server.url, SPECULATIVE).items()}
+    assert moved == {  # the evaluation done, the one refused 429 not counted
+        'evaluations_total{outcome="done"}': 1,
+        'evaluations_total{outcome="failed"}': 0,
+        "prompts_total": len(PROMPTS),
+        "steps_total": steps,
+        "draft_tokens_total": K * steps,
+        "accepted_tokens_total": sum(sum(r["accepted_per_position"]) for r in reply["results"]),
+        "output_tokens_total": reply["output_tokens"],
+    }
+
+
+def test_a_prompt_past_the_engines_context_is_refused_before_any_engine_starts(lab):
+    server, _ = lab
+    started = server._logs().count(STARTING)
+    asked = {
+        "draft": "run",
+        "num_speculative_tokens": K,
+        "max_tokens": 4096,
+        "prompts": [{"input_ids": [1, 2]}],
+    }
+    got, reply = post(server.url, asked)
+    assert (got, reply["error"]) == (400, "context_length_exceeded"), reply
+    assert "maximum context length is" in reply["detail"] and "(2 in the prompt" in reply["detail"]
+    assert server._logs().count(STARTING) == started and supervises(server.url)
 
 
 @pytest.mark.parametrize(

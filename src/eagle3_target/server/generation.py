@@ -12,6 +12,7 @@ chunk and a flood of generations gets the model time its class weighs, not more.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from .metrics import ServerMetrics
 from .model_host import ModelHost
 from .openai_request import GenerationAsk
 from .runners.base import Decoding, GeneratingRunner
-from .sampling import FINISH_STOP
+from .sampling import FINISH_STOP, SamplingParams
 from .scheduler import FairScheduler, priority_class
 
 _EWMA = 0.2  # weight of the newest chunk in the mean chunk time
@@ -88,9 +89,10 @@ class GenerationService:
                 "token_out_of_range",
                 f"prompt token {max(ids)} is past the vocabulary of {runner.info.vocab_size}",
             )
+        params = _within_context(ask, len(ids), context_length(runner))
         self.metrics.prompt_tokens.inc(len(ids))
         generation = Generation(len(ids), None)
-        decoding = runner.start_generation(ids, ask.params)
+        decoding = runner.start_generation(ids, params)
         generation.pieces = self._run(runner, decoding, ask, TENANT_PREFIX + session, priority, generation)
         return generation
 
@@ -124,6 +126,37 @@ class GenerationService:
                     emitted = safe
         finally:
             self.metrics.generations.labels(finish).inc()
+
+
+def context_length(runner) -> int | None:
+    """The most tokens, prompt and output together, the served model takes (its max_position_embeddings, a
+    vllm engine's max model length); None where it does not say."""
+    return getattr(runner, "max_model_len", None)
+
+
+def context_exceeded(
+    context: int, prompt_tokens: int, max_tokens: int, param: str, what: str = "the completion"
+) -> InvalidInput:
+    """The 400 of a request past the model's context, naming the numbers as vLLM's message does."""
+    return InvalidInput(
+        "context_length_exceeded",
+        f"This model's maximum context length is {context} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in {what}). "
+        "Please reduce the length of the prompt or completion.",
+        param,
+    )
+
+
+def _within_context(ask: GenerationAsk, prompt_tokens: int, context: int | None) -> SamplingParams:
+    """The sampling parameters, checked against the context: a max_tokens asked for that does not fit is
+    refused; the default one is cut to the room left (as vLLM does), and a prompt that leaves none refused."""
+    if context is None:
+        return ask.params
+    room, wanted = context - prompt_tokens, ask.params.max_tokens
+    if room < 1 or (ask.max_tokens_given and wanted > room):
+        param = "max_tokens" if ask.max_tokens_given else ("messages" if ask.chat else "prompt")
+        raise context_exceeded(context, prompt_tokens, wanted if ask.max_tokens_given else 1, param)
+    return dataclasses.replace(ask.params, max_tokens=min(wanted, room))
 
 
 def _advance(decoding: Decoding, steps: int, runner: GeneratingRunner) -> tuple[list[int], str]:

@@ -56,6 +56,7 @@ class ServerMetrics:
         )
         self._queue_metrics(r)
         self._generation_metrics(r)
+        self._speculative_metrics(r)
         self._session_metrics(r)
         self.model_load_seconds = Gauge(
             "eagle3_target_model_load_seconds", "Time to load and warm the target model", registry=r
@@ -132,6 +133,28 @@ class ServerMetrics:
         )
         for finish in ("stop", "length", "abort"):
             self.generations.labels(finish)
+
+    def _speculative_metrics(self, r: CollectorRegistry) -> None:
+        """POST /v1/speculative/evaluate (speculative/evaluate.py), counted per turn at the model: the acceptance
+        length is 1 + rate(accepted) / rate(steps), the acceptance rate rate(accepted) / rate(draft)."""
+
+        def counter(name: str, what: str, labels=()) -> Counter:
+            return Counter(f"eagle3_target_speculative_{name}_total", what, labels, registry=r)
+
+        self.speculative_evaluations = counter(
+            "evaluations",
+            "Evaluations that ran, by outcome: done, or failed (an error stopped it)",
+            ["outcome"],
+        )
+        self.speculative_prompts = counter("prompts", "Prompts of the evaluations that were done")
+        self.speculative_steps = counter("steps", "Target verify steps (a prompt's prefill is not one)")
+        self.speculative_draft_tokens = counter("draft_tokens", "Draft tokens proposed (K per verify step)")
+        self.speculative_accepted_tokens = counter(
+            "accepted_tokens", "Draft tokens the target accepted (each step also gives one of its own)"
+        )
+        self.speculative_output_tokens = counter("output_tokens", "Output tokens of the evaluations")
+        for outcome in ("done", "failed"):
+            self.speculative_evaluations.labels(outcome)
 
     def _version_metrics(self, r: CollectorRegistry) -> None:
         """The weights served now and the refreshes that changed them (refresh.py)."""

@@ -12,7 +12,7 @@ from eagle3_target.protocol import contract
 
 from . import openai_replies
 from .errors import ServiceError
-from .generation import GenerationService
+from .generation import GenerationService, context_length
 from .openai_request import parse_ask
 from .sessions import session_id
 
@@ -34,7 +34,7 @@ class OpenAIEndpoints:
 
     async def models(self, request: web.Request) -> web.Response:
         runner = self.generation.runner()
-        length = runner.info.config.get("max_position_embeddings")
+        length = context_length(runner)
         body = openai_replies.models_body(runner.info.model, self.generation.model.loaded_at, length)
         return web.json_response(body)
 
@@ -67,6 +67,8 @@ class OpenAIEndpoints:
         except ServiceError as exc:  # the status is sent: the error goes as an event, as vLLM does
             log.warning("%s: generation failed mid-stream: %s", request.path, exc.detail)
             await response.write(openai_replies.sse(openai_replies.error_body(400, exc.error, exc.detail)))
+        finally:  # a client that left (the write raised) ends its generation now, not when it is collected
+            await generation.pieces.aclose()
         if ask.include_usage:
             used = openai_replies.usage(generation.prompt_tokens, generation.completion_tokens)
             await response.write(reply.usage_chunk(used))

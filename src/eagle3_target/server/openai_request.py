@@ -34,6 +34,8 @@ class GenerationAsk:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs (enable_thinking...)
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage before [DONE]
+    # max_tokens (or max_completion_tokens) was asked: one past the model's context is refused, not cut
+    max_tokens_given: bool = True
 
 
 def parse_ask(body: bytes, *, chat: bool, served: str, max_tokens_cap: int) -> GenerationAsk:
@@ -58,6 +60,8 @@ def parse_ask(body: bytes, *, chat: bool, served: str, max_tokens_cap: int) -> G
     params = _sampling(data, min(default_tokens, max_tokens_cap), max_tokens_cap, chat)
     common = dict(model=model, params=params, chat=chat, stream=stream)
     common["include_usage"] = bool(options.get("include_usage")) and stream
+    asked = ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",)
+    common["max_tokens_given"] = any(data.get(name) is not None for name in asked)
     if chat:
         kwargs = _typed(data, "chat_template_kwargs", dict) or {}
         return GenerationAsk(messages=_messages(data), template_kwargs=kwargs, **common)

@@ -51,7 +51,7 @@ class TargetService:
         self.weights = WeightEndpoints(self.model, self.sessions)
         self.refresh = WeightRefresh(self.model, metrics, options.admin_token)
         self.pipeline = GeneratePipeline(self.model, self.sessions, self.p2p, options, metrics)
-        self.speculative = SpeculativeEvaluator(self.model, self.pipeline.turns, options)
+        self.speculative = SpeculativeEvaluator(self.model, self.pipeline.turns, options, metrics)
         self.generation = GenerationService(
             self.model,
             self.pipeline.turns,

@@ -122,6 +122,8 @@ class HFRunner(FinalHiddenRunner):
             modalities=takes,
             image_spec=images,
         )
+        # the context: prompt and generated tokens together (generation.py refuses requests past it)
+        self.max_model_len = getattr(text_config, "max_position_embeddings", None)
         self._layers = layers
         self._eos = eos_token_ids(model)
         self._head = model.get_output_embeddings()

@@ -74,12 +74,8 @@ class HFDecoding:
         """Up to ``steps`` more tokens (the first call also runs the prompt); fewer at the end of the sequence."""
         new: list[int] = []
         while self.finish is None and len(new) < steps:
-            step_input = self.ids if self._cache is None else self.ids[:, -1:]
-            # logits_to_keep=1: only the last position's logits, as generate computes them
-            cache = {self._cache_name: self._cache}
-            out = self.model(input_ids=step_input, **cache, use_cache=True, logits_to_keep=1)
-            self._cache = getattr(out, self._cache_name)
-            token = self._choose(out.logits[:, -1, :].float())
+            step_input = self.ids[:, -1:] if self.generated or new else self.ids  # the prompt first
+            token = self._choose(self._logits(step_input))
             self.ids = torch.cat([self.ids, token[:, None]], dim=-1)
             new.append(int(token))
             if new[-1] in self.eos:
@@ -90,6 +86,14 @@ class HFDecoding:
         if self.finish is not None:
             self._cache = None  # the KV cache's memory goes back as soon as the sequence ends
         return new
+
+    def _logits(self, step_input: torch.Tensor) -> torch.Tensor:
+        """The next token's logits [1, V] after ``step_input``, the cache advanced over it."""
+        # logits_to_keep=1: only the last position's logits, as generate computes them
+        cache = {self._cache_name: self._cache}
+        out = self.model(input_ids=step_input, **cache, use_cache=True, logits_to_keep=1)
+        self._cache = getattr(out, self._cache_name)
+        return out.logits[:, -1, :].float()
 
     def _choose(self, logits: torch.Tensor) -> torch.Tensor:
         if self.params.greedy:

@@ -8,6 +8,7 @@ the plan, logits gathered (``colwise_gather_output``), and sharded weights gathe
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import tempfile
@@ -17,9 +18,11 @@ import torch
 from ..options import EMBEDDED_MODEL
 from ..parallel import ParallelLayout
 from ..ranks import RankGroup, join, rank_device
+from ..sampling import SamplingParams
 from .base import Captured, ForwardInputs, resolve_dtype
-from .hf import HFRunner
+from .hf import load_tokenizer
 from .hf_pipeline import load_stage
+from .hf_split_generate import LeadingDecoding, ShardRunner
 from .leading import LeadingRunner, follow_calls
 from .rank_refresh import RankRefresh, wait_outcomes
 
@@ -29,14 +32,15 @@ log = logging.getLogger(__name__)
 def node_options(options: dict) -> dict:
     """The load options of this node's ranks: the embedded tiny Llama is written to a directory first
     (before any rank joins: transformers saves only from rank 0 of a group), so every rank loads the
-    same weights the same way. ``name`` keeps what /model_info reports."""
+    same weights the same way, and rank 0 its tokenizer. ``name`` keeps what /model_info reports."""
     options = {k: v for k, v in options.items() if k != "parallel"}  # JSON-safe, for the rank processes
     if options.get("model") is not None:
         return {**options, "name": options["model"]}
-    from .tiny import build_tiny_llama
+    from .tiny import build_tiny_llama, build_tiny_tokenizer
 
     path = tempfile.mkdtemp(prefix="eagle3-tiny-")
     build_tiny_llama().save_pretrained(path)
+    build_tiny_tokenizer().save_pretrained(path)
     return {**options, "model": path, "name": EMBEDDED_MODEL}
 
 
@@ -47,7 +51,7 @@ def split_runner(options: dict, rank: int, world_size: int, device: str):
         dtype = resolve_dtype(options.get("dtype", "auto"), device)
         return load_stage(options, rank, stages, device, dtype)
     module, name = load_split_model(options, world_size, device)
-    return HFRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
+    return ShardRunner(module, name=name, aux_layer_ids=options.get("aux_layer_ids"))
 
 
 def load_split_model(options: dict, world_size: int, device: str):
@@ -74,12 +78,27 @@ def _tensor_parallel(size: int) -> dict:
 
 
 class HFParallelRunner(LeadingRunner):
-    """Rank 0 of a split hf replica. A refresh (refresh.py) has two phases on every rank (rank_refresh.py):
-    ``begin_staging`` and ``wait_staged``, then ``replace_weights`` or ``drop_staged``."""
+    """Rank 0 of a split hf replica; it generates text too (hf_split_generate.py). A refresh (refresh.py) has
+    two phases on every rank (rank_refresh.py): ``begin_staging`` and ``wait_staged``, then
+    ``replace_weights`` or ``drop_staged``."""
 
-    def __init__(self, inner, group: RankGroup, layout: ParallelLayout):
+    def __init__(self, inner, group: RankGroup, layout: ParallelLayout, tokenizer=None):
         super().__init__(inner, group, layout)
+        self.tokenizer = tokenizer  # for the /v1 endpoints; None: they refuse (generation.py)
+        self.max_model_len = inner.max_model_len
+        self.abandoned: collections.deque[int] = (
+            collections.deque()
+        )  # appended by LeadingDecoding's finalizer
         self._tickets = itertools.count()
+
+    def start_generation(self, prompt_ids: list[int], params: SamplingParams) -> LeadingDecoding:
+        return LeadingDecoding(self, prompt_ids, params)  # nothing broadcast before its first advance
+
+    def generation_step(self, key: int, steps: int, begin=None):
+        drop = []
+        while self.abandoned:
+            drop.append(self.abandoned.popleft())
+        return self._everywhere("generation_step", key, steps, begin, drop)
 
     def begin_staging(self, source: str) -> int:
         """On the model thread: every rank starts reading its part of ``source``; the refresh's ticket."""
@@ -129,8 +148,9 @@ def load(*, parallel: ParallelLayout, **options) -> HFParallelRunner:
     options = rank_options(options, parallel)
     group = join(parallel, options, device)
     inner = RankRefresh(split_runner(options, 0, parallel.world_size, rank_device(device, 0)), group)
+    tokenizer = load_tokenizer(options["model"], options.get("trust_remote_code", False))
     log.info("rank 0 of %d leads the hf replica (%s)", parallel.world_size, parallel.describe())
-    return HFParallelRunner(inner, group, parallel)
+    return HFParallelRunner(inner, group, parallel, tokenizer)
 
 
 def follow(*, parallel: ParallelLayout, **options) -> None:

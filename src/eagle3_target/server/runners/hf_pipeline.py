@@ -11,6 +11,7 @@ sent to rank 0 from the rank that made them, so rank 0 answers exactly as one de
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -22,6 +23,7 @@ from eagle3_target.protocol.features import WEIGHT_FINAL_NORM, WEIGHT_INPUT_EMBE
 
 from .base import Capture, Captured, ForwardInputs
 from .hf import HFRunner, decoder_layers, final_norm
+from .hf_split_generate import SplitDecoding, SplitGenerating, StageCache
 from .hf_vlm import embedding_output_point, load_pretrained, modalities
 from .hf_weights import checkpoint_tensors
 from .hooks import Stop, keep, keep_input
@@ -95,7 +97,7 @@ def _keep_stage(model: nn.Module, stage: Stage) -> None:
             model.get_decoder().norm = nn.Identity()
 
 
-class StageRunner(HFRunner):
+class StageRunner(SplitGenerating, HFRunner):
     """One pipeline stage. Rank 0's is the server's inner runner (wrapped by hf_parallel); every rank
     runs each call, and rank 0 returns the whole answer."""
 
@@ -145,6 +147,26 @@ class StageRunner(HFRunner):
         if stop_at >= first:
             hooks.append(self._layers[stop_at].register_forward_hook(leave))
         return hooks
+
+    def split_decoding(self, prompt_ids: list[int], params) -> SplitDecoding:
+        """This stage's part of a sequence: its layers' cache, the hidden state received and sent on around
+        each forward; the last stage, which has the logits, picks each token."""
+        cache = StageCache(self.stage.layers, config=self.model.config)
+        last = self.stage.stages - 1
+        return SplitDecoding(
+            self.model, prompt_ids, params, self._eos, chooser=last, cache=cache, around=self._passing
+        )
+
+    @contextlib.contextmanager
+    def _passing(self, shape: torch.Size):
+        """The boundary hooks of one decode forward over every layer (the last stage on to the logits)."""
+        end = self.stage.num_layers - 1
+        hooks = self._boundary_hooks(end, (*shape, self.info.hidden_size), to_end=self.stage.last)
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     @torch.inference_mode()
     def capture(self, inputs: ForwardInputs, want: Capture) -> Captured:

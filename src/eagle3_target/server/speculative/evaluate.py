@@ -1,7 +1,9 @@
-"""POST /v1/speculative/evaluate without the HTTP: validate the request, load the draft, run each prompt's
-draft-then-verify loop one step per turn at the model, at a low priority class by default, so training's
-/generate keeps its share (scheduler.py). On the vllm engine vLLM's own EAGLE-3 decodes instead, in an
-evaluation engine of its own (vllm_evaluate.py). The request's JSON and the reply's are in docs/evaluate.md.
+"""POST /v1/speculative/evaluate without the HTTP: validate the request (its prompts within the target's
+context), load the draft, run the prompts' draft-then-verify loops in turns at the model, a client's
+evaluations one scheduler session of their own at --generation-priority by default, so training's /generate
+keeps its share (scheduler.py); counted in the eagle3_target_speculative_* metrics. On the vllm engine vLLM's
+own EAGLE-3 decodes instead, in an evaluation engine of its own (vllm_evaluate.py). The request's JSON and the
+reply's are in docs/evaluate.md.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput, OutOfRange, TooLarge
+from ..errors import InvalidInput, OutOfRange, ServiceError, TooLarge
+from ..generation import context_exceeded, context_length
+from ..metrics import ServerMetrics
 from ..model_host import ModelHost
 from ..options import ServerOptions
 from ..runners.hf import HFRunner
@@ -21,7 +25,8 @@ from . import drafts
 from .decode import Decoding
 from .vllm_evaluate import VLLMEvaluation
 
-DEFAULT_PRIORITY = "low"  # evaluation yields to training's /generate while both wait
+# A client's evaluations take turns as one scheduler session of their own, apart from its /generate
+TENANT_PREFIX = "evaluation:"
 MAX_SPECULATIVE_TOKENS = 32
 MAX_TOKENS = 4096  # new tokens per prompt
 MAX_PROMPTS = 256
@@ -31,8 +36,10 @@ class SpeculativeEvaluator:
     """Speculative decoding of prompts with a draft read from --draft-dir-root: the `hf` engine's loop here,
     the `vllm` engine's own in an evaluation engine (vllm_evaluate.py)."""
 
-    def __init__(self, model: ModelHost, turns: FairScheduler, options: ServerOptions):
-        self.model, self.turns, self.options = model, turns, options
+    def __init__(
+        self, model: ModelHost, turns: FairScheduler, options: ServerOptions, metrics: ServerMetrics
+    ):
+        self.model, self.turns, self.options, self.metrics = model, turns, options, metrics
         self.root = Path(options.draft_dir_root) if options.draft_dir_root else None
         self.drafts = drafts.DraftCache()
         self.vllm = VLLMEvaluation()
@@ -45,7 +52,7 @@ class SpeculativeEvaluator:
         # K = 0 is plain greedy decoding through the same loop: the baseline, which needs no draft
         folder = drafts.resolve(self.root, asked.get("draft")) if k or "draft" in asked else None
         max_tokens = _int(asked, "max_tokens", 1, MAX_TOKENS)
-        priority = asked.get("priority", DEFAULT_PRIORITY)
+        priority = asked.get("priority", self.options.generation.priority)
         if not isinstance(priority, str):
             raise InvalidInput("invalid_field", "'priority' must be one of low, normal, high")
         priority = priority_class(priority, self.options.max_priority)
@@ -53,27 +60,64 @@ class SpeculativeEvaluator:
         prompts = [await self._prompt(runner, p, max_tokens + k) for p in _prompts(asked)]
         name = None if folder is None else str(folder.relative_to(self.root.resolve()))
         if vllm:  # vLLM's own speculative decoding, in an engine of its own (vllm_evaluate.py)
-            results, seconds = await self.vllm.run(runner, folder, k, prompts, max_tokens)
-            return _summary(name, k, results, seconds)
+            return _summary(name, k, *await self._vllm(runner, folder, k, prompts, max_tokens))
         draft = await asyncio.to_thread(self.drafts.get, folder, runner.info) if folder else None
         eos = _eos(runner)
-        start, results = time.perf_counter(), []
-        for prompt in prompts:
-            decoding = Decoding(runner, draft if k else None, prompt, k, max_tokens, eos)
-            async with self.turns.turn(session, len(prompt), priority):
-                await self.model.call(decoding.prefill)
-            while not decoding.done:
-                async with self.turns.turn(session, k + 1, priority):
-                    await self.model.call(decoding.step)
-            results.append(
-                {
-                    "prompt_tokens": len(prompt),
-                    "output_ids": decoding.output,
-                    "accepted_per_step": decoding.accepted,
-                    "accepted_per_position": decoding.per_position,
-                }
-            )
+        decodings = [Decoding(runner, draft if k else None, p, k, max_tokens, eos) for p in prompts]
+        start = time.perf_counter()
+        await self._run(decodings, TENANT_PREFIX + session, priority, k)
+        results = [
+            {
+                "prompt_tokens": len(d.prompt),
+                "output_ids": d.output,
+                "accepted_per_step": d.accepted,
+                "accepted_per_position": d.per_position,
+            }
+            for d in decodings
+        ]
         return _summary(name, k, results, time.perf_counter() - start)
+
+    async def _run(self, decodings: list[Decoding], tenant: str, priority: str, k: int) -> None:
+        """Every prompt's forwards in turns at the model, charged the model time each turn held (as a
+        generation's chunks are), the metrics counted per turn."""
+        forwards = max(1, self.options.generation.chunk_tokens // (k + 1))
+        charge, outcome, m = len(decodings[0].prompt) + forwards, "failed", self.metrics
+        try:
+            while not all(d.done for d in decodings):
+                async with self.turns.turn(tenant, charge, priority, by_tokens=False):
+                    start = time.perf_counter()
+                    steps, accepted, emitted = await self.model.call(_advance, decodings, forwards)
+                    held = time.perf_counter() - start
+                charge = self.turns.tokens_for(held, fallback=emitted or 1)
+                m.speculative_steps.inc(steps)
+                m.speculative_draft_tokens.inc(steps * k)
+                m.speculative_accepted_tokens.inc(accepted)
+                m.speculative_output_tokens.inc(emitted)
+            m.speculative_prompts.inc(len(decodings))
+            outcome = "done"
+        finally:
+            m.speculative_evaluations.labels(outcome).inc()
+
+    async def _vllm(self, runner, folder: Path | None, k: int, prompts: list[list[int]], max_tokens: int):
+        """vLLM's own speculative decoding (its results and seconds), counted in the metrics at its end; one it
+        refused (429 busy, a draft vLLM will not load) is not, as an hf request refused before its turns."""
+        outcome, m = "failed", self.metrics
+        try:
+            results, seconds = await self.vllm.run(runner, folder, k, prompts, max_tokens)
+            steps = [a for r in results for a in r["accepted_per_step"]]
+            m.speculative_steps.inc(len(steps))
+            m.speculative_draft_tokens.inc(len(steps) * k)
+            m.speculative_accepted_tokens.inc(sum(steps) - len(steps))
+            m.speculative_output_tokens.inc(sum(len(r["output_ids"]) for r in results))
+            m.speculative_prompts.inc(len(results))
+            outcome = "done"
+        except ServiceError:
+            outcome = None
+            raise
+        finally:
+            if outcome is not None:
+                m.speculative_evaluations.labels(outcome).inc()
+        return results, seconds
 
     async def _prompt(self, runner: HFRunner, prompt: Any, room: int) -> list[int]:
         """A prompt's token ids: given as input_ids, or its messages through the target's chat template."""
@@ -89,6 +133,9 @@ class SpeculativeEvaluator:
                 raise InvalidInput("invalid_prompt", "'input_ids' must be a non-empty list of integers")
             if not all(0 <= i < runner.info.vocab_size for i in ids):
                 raise OutOfRange("token_out_of_range", f"input_ids must be in [0, {runner.info.vocab_size})")
+        context = context_length(runner)
+        if context is not None and len(ids) + room > context:
+            raise context_exceeded(context, len(ids), room, "max_tokens", "max_tokens and K")
         if len(ids) + room > self.options.max_batch_tokens:
             raise TooLarge(
                 "prompt_too_long",
@@ -117,6 +164,25 @@ class SpeculativeEvaluator:
                 "invalid_messages", f"the chat template refused the messages: {exc}"[:300]
             ) from None
         return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _advance(decodings: list[Decoding], forwards: int) -> tuple[int, int, int]:
+    """On the model thread, in one turn: up to ``forwards`` target forwards (a prompt's prefill or a verify
+    step), through the prompts in order, the next starting in the same turn where one ends. Each prompt's
+    loop is the same as alone, so the tokens are too. The verify steps, accepted proposals and output tokens."""
+    steps = accepted = emitted = 0
+    for decoding in decodings:
+        while forwards and not decoding.done:
+            before = len(decoding.output)
+            if decoding.output:
+                decoding.step()
+                steps, accepted = steps + 1, accepted + decoding.accepted[-1] - 1
+            else:
+                decoding.prefill()
+            emitted, forwards = emitted + len(decoding.output) - before, forwards - 1
+        if not forwards:
+            break
+    return steps, accepted, emitted
 
 
 def _parse(body: bytes) -> dict[str, Any]:

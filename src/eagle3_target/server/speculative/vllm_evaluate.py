@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput, QueueFull, TooLarge
+from ..errors import InvalidInput, QueueFull
 from . import vllm_draft
 
 log = logging.getLogger(__name__)
@@ -40,14 +40,7 @@ class VLLMEvaluation:
     ) -> tuple[list[dict[str, Any]], float]:
         """Each prompt's ``output_ids``, ``accepted_per_step`` and ``accepted_per_position``, and the seconds
         the decoding took (the evaluation engine's start not counted)."""
-        check_runner(runner)
-        longest = max(map(len, prompts)) + max_tokens + k
-        if longest > runner.max_model_len:
-            raise TooLarge(
-                "prompt_too_long",
-                f"a prompt plus max_tokens and K is {longest} tokens, over the engine's max_model_len "
-                f"{runner.max_model_len}",
-            )
+        check_runner(runner)  # the prompts fit the engine's context already (evaluate.py checks it)
         if self._busy:
             raise QueueFull(
                 "evaluation_busy",
