@@ -30,12 +30,14 @@ from eagle3_target.protocol import contract
 from eagle3_target.protocol.p2p import NCCL, backend_for
 from eagle3_target.protocol.rendezvous import PeerRejected, group_name, listen, new_secret
 
-from ..errors import Forbidden, InvalidInput
+from ..errors import Forbidden, InvalidInput, TooManySessions
 from ..sessions import Session
 from .group import SessionGroup, Transfer
 from .options import P2POptions
 
 log = logging.getLogger(__name__)
+
+WEIGHTS_SESSION = "weights-broadcast:"  # the pseudo-session of a trainer's weights broadcast
 
 
 class P2PGroups:
@@ -94,9 +96,40 @@ class P2PGroups:
             raise InvalidInput("port_out_of_range", f"nccl_port {port} is outside this server's {self.ports}")
         self.teardown(session, "reinitialised")  # a second init means the client built a fresh group
         try:
-            sock = self._reserve(address, port)
+            sg, reply = self._open(session, address, port, backend, device, authenticated)
         except OSError as exc:
             return {"status": "failed", "detail": str(exc)}
+        if authenticated or not nemo_order:
+            return reply
+        try:  # answer once the rendezvous is over
+            group = await asyncio.shield(sg.ready)
+        except asyncio.CancelledError:
+            if self.groups.get(session.id) is sg:
+                self.teardown(session, "cancelled")
+            raise
+        if group is None:
+            return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
+        return reply
+
+    def weights_group(self, address: str, device: str) -> tuple[SessionGroup, dict[str, Any]]:
+        """An authenticated group of its own for a trainer's weights broadcast (refresh_broadcast.py), on a
+        port of the range, and the /init_nccl reply that tells the trainer how to join it."""
+        if not self.options.enabled:
+            raise Forbidden(
+                "p2p_disabled", "this server runs with --disable-p2p: it takes no broadcast weights"
+            )
+        session = Session(f"{WEIGHTS_SESSION}{new_secret()[:16]}", time.monotonic())
+        try:
+            return self._open(session, address, None, backend_for(device), device, authenticated=True)
+        except OSError as exc:
+            raise TooManySessions("p2p_ports_reserved", str(exc)) from None
+
+    def _open(
+        self, session: Session, address: str, port: int | None, backend: str, device: str, authenticated: bool
+    ) -> tuple[SessionGroup, dict[str, Any]]:
+        """Reserve ``port`` (None: any free one of the range) for ``session`` and start its rendezvous; the
+        reply tells the peer where to join (and, authenticated, the secret). OSError: no port."""
+        sock = self._reserve(address, port)
         port = sock.getsockname()[1]
         secret = new_secret() if authenticated else None
         sg = SessionGroup(session, address, port, secret, functools.partial(self._released, port))
@@ -113,19 +146,7 @@ class P2PGroups:
             "group_name": group_name(port),
             "host": address,
         }
-        if secret is not None:
-            return {**reply, "secret": secret}
-        if not nemo_order:
-            return reply
-        try:  # answer once the rendezvous is over
-            group = await asyncio.shield(sg.ready)
-        except asyncio.CancelledError:
-            if self.groups.get(session.id) is sg:
-                self.teardown(session, "cancelled")
-            raise
-        if group is None:
-            return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
-        return reply
+        return sg, reply if secret is None else {**reply, "secret": secret}
 
     def _reserve(self, address: str, port: int | None):
         """A listening socket on ``port``, or on a free port of the range; OSError when none is free."""
