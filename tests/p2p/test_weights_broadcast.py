@@ -132,6 +132,13 @@ async def test_announcements_that_do_not_fit_are_refused_before_any_tensor_moves
             for why in outcome.refused.values()
         ), (case, outcome)
         await unchanged(replicas, before)
+    nan = {**tensors_b, "lm_head.weight": torch.full_like(tensors_b["lm_head.weight"], float("nan"))}
+    outcome = await asyncio.to_thread(broadcast_refresh, urls, nan, "v2", ADMIN, timeout=30)
+    assert set(outcome.refused) == set(urls), outcome
+    assert all(why.startswith("400 source_corrupt") for why in outcome.refused.values()), (
+        outcome
+    )  # once received
+    await unchanged(replicas, before)
     good = announcement(tensors_b, "v2")
     bodies = {
         "not json": (b"{", 400),
