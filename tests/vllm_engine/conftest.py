@@ -2,6 +2,7 @@
 One vllm engine per process (runners/vllm.py): a module closes its engine before the next one loads."""
 
 import os
+from pathlib import Path
 
 import pytest
 from parallel_support import write_split_llama
@@ -12,18 +13,13 @@ from eagle3_target.server.runners.tiny import build_tiny_llama
 from .split_support import AUX_LAYER_IDS, replies
 from .vllm_support import VLLM_INSTALLED, VLLM_TINY
 
+# Every module but test_vllm_optional.py needs vLLM: listed by pattern, so a new module cannot be forgotten.
 collect_ignore = (
     []
     if VLLM_INSTALLED
-    else [
-        "test_vllm_bfloat16.py",
-        "test_vllm_engine.py",
-        "test_vllm_server.py",
-        "test_vllm_parallel.py",
-        "test_vllm_serve_nodes.py",
-        "test_vllm_refresh.py",
-        "test_vllm_generation.py",
-    ]
+    else sorted(
+        path.name for path in Path(__file__).parent.glob("test_*.py") if path.name != "test_vllm_optional.py"
+    )
 )
 
 # A small CPU KV cache: the tests' batches are tiny, and other processes share this machine.

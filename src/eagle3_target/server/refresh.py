@@ -4,7 +4,9 @@ The new weights are read and checked off the model thread while the old ones kee
 (weight_source.py); then one call on the model thread, between two forwards, copies them into the served
 tensors and sets the version. A forward runs wholly before or wholly after that call, so every reply comes
 from one set of weights and names it (pipeline.py reads the version in the forward's own call). Anything
-wrong is refused before that call: the old weights and their version keep serving. No HTTP here.
+wrong is refused before that call: the old weights and their version keep serving. A split replica does the
+same on every rank (runners/rank_refresh.py): each reads and checks its own part while the old weights serve,
+and only when every rank has its part does one call swap them on every rank. No HTTP here.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ class WeightRefresh:
         async with self.lock:
             start = time.perf_counter()
             try:
-                runner, served = await self.served()
-                staged = await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
+                runner = self.offered()
+                staged = await self._stage(runner, source)
             except ServiceError as exc:
                 self.refused(version, source, exc)
                 raise
@@ -87,15 +89,24 @@ class WeightRefresh:
             del staged
         return version
 
-    async def served(self) -> tuple:
-        """(runner, what a new set of weights must match): the weights held here, or their layout (an engine
-        that holds them in its own workers: vllm); InvalidInput where the engine cannot refresh in place."""
+    def offered(self):
+        """The runner, where its engine can refresh in place; InvalidInput otherwise."""
         runner = self.model.ready()
         if not hasattr(runner, "replace_weights"):
             split = " split over ranks" if runner.info.parallel else ""
             raise InvalidInput(
                 "refresh_not_offered",
                 f"the {runner.info.engine} engine{split} cannot refresh its weights in place",
+            )
+        return runner
+
+    async def served(self) -> tuple:
+        """(runner, what a new set of weights must match) for a replica whose weights live whole in one
+        process: the weights held here, or their layout (an engine that holds them in its own workers: vllm)."""
+        runner = self.offered()
+        if hasattr(runner, "begin_staging"):
+            raise InvalidInput(
+                "refresh_not_offered", "a replica split over ranks refreshes from a checkpoint only"
             )
         return runner, await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
 
@@ -111,6 +122,20 @@ class WeightRefresh:
         self.metrics.refreshes.labels("served").inc()
         self.metrics.refresh_seconds.set(elapsed)
         log.info("serving version %s from %s, refreshed in %.2fs", version, source, elapsed)
+
+    async def _stage(self, runner, source: str):
+        """The new weights read and checked, off the model thread; for a split replica (``begin_staging``),
+        every rank's own part, held by the ranks until the swap (or dropped, when any rank refuses)."""
+        if hasattr(runner, "begin_staging"):
+            ticket = await self.model.call(runner.begin_staging, source)
+            try:
+                await asyncio.to_thread(runner.wait_staged, ticket)
+            except BaseException:
+                await self.model.call(runner.drop_staged, ticket)
+                raise
+            return ticket
+        _, served = await self.served()
+        return await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
 
     def _swap(self, runner, staged, version: str) -> None:
         runner.replace_weights(staged)

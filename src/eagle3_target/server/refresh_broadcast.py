@@ -24,19 +24,22 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_target.protocol.model_info import check_target_version
+from eagle3_target.protocol.p2p import backend_for
 from eagle3_target.protocol.rendezvous import TransferError
 from eagle3_target.protocol.wire import CODE_TO_DTYPE
 
-from .errors import InvalidInput, NotFound, ServiceError, TooLarge
+from .errors import Forbidden, InvalidInput, NotFound, ServiceError, TooLarge, TooManySessions
 from .p2p.group import SessionGroup, receive
 from .p2p.groups import P2PGroups
 from .refresh import WeightRefresh
+from .sessions import Session
 from .weight_source import check_finite, check_layout
 
 log = logging.getLogger(__name__)
 
 MAX_ANNOUNCEMENT_BYTES = 16 << 20  # ~100k tensors' names, dtypes and shapes
 MAX_OUTCOME_BYTES = 4 << 10
+WEIGHTS_SESSION = "weights-broadcast:"  # the pseudo-session of a trainer's weights broadcast
 KEPT_OUTCOMES = 16  # finished transfers whose outcome nobody has asked for yet
 SOURCE = "the broadcast"
 DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in CODE_TO_DTYPE.values()}
@@ -120,7 +123,7 @@ class WeightBroadcast:
         try:
             runner, served = await self.refresh.served()
             check_announcement(announced.layout, served)
-            sg, reply = self.p2p.weights_group(address, runner.info.device)
+            sg, reply = weights_group(self.p2p, address, runner.info.device)
         except BaseException as exc:
             self.refresh.lock.release()
             if isinstance(exc, ServiceError):
@@ -183,3 +186,15 @@ class WeightBroadcast:
         finished = [t for t, task in self.transfers.items() if task.done()]
         for transfer in finished[: max(0, len(finished) - KEPT_OUTCOMES)]:
             del self.transfers[transfer]
+
+
+def weights_group(p2p: P2PGroups, address: str, device: str) -> tuple[SessionGroup, dict]:
+    """An authenticated group of its own for one broadcast, on a port of the p2p range, and the /init_nccl
+    reply that tells the trainer how to join it."""
+    if not p2p.options.enabled:
+        raise Forbidden("p2p_disabled", "this server runs with --disable-p2p: it takes no broadcast weights")
+    session = Session(f"{WEIGHTS_SESSION}{secrets.token_hex(8)}", time.monotonic())
+    try:
+        return p2p.open(session, address, None, backend_for(device), device, authenticated=True)
+    except OSError as exc:
+        raise TooManySessions("p2p_ports_reserved", str(exc)) from None

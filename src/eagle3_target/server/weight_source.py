@@ -19,17 +19,24 @@ S3 = "s3://"
 KEPT_SUFFIXES = (".safetensors", ".json")  # the weights, config.json and the shard index
 
 
-def read_source(source: str, served: Mapping[str, torch.Tensor], digest: str) -> dict[str, torch.Tensor]:
+# What a rank of a split replica reads of each tensor it holds: a block (one slice per dimension), or all of it
+Parts = Mapping[str, tuple[slice, ...] | None]
+
+
+def read_source(
+    source: str, served: Mapping[str, torch.Tensor], digest: str, parts: Parts | None = None
+) -> dict[str, torch.Tensor]:
     """The checkpoint at ``source`` as host tensors by name, once it matches ``served`` (names, shapes,
-    kinds) and, where it has a config.json, the served config (``digest``: RunnerInfo.config_digest)."""
+    kinds) and, where it has a config.json, the served config (``digest``: RunnerInfo.config_digest).
+    With ``parts``, only those tensors, each only its block: a rank's own part of the whole."""
     if source.startswith(S3):
         with tempfile.TemporaryDirectory(prefix="eagle3-refresh-") as folder:
-            return read_folder(download(source, Path(folder)), served, digest, source)
-    return read_folder(Path(source), served, digest, source)
+            return read_folder(download(source, Path(folder)), served, digest, source, parts)
+    return read_folder(Path(source), served, digest, source, parts)
 
 
 def read_folder(
-    folder: Path, served: Mapping[str, torch.Tensor], digest: str, source: str
+    folder: Path, served: Mapping[str, torch.Tensor], digest: str, source: str, parts: Parts | None = None
 ) -> dict[str, torch.Tensor]:
     if not folder.is_dir():
         raise InvalidInput("source_unreachable", f"{source}: no such folder here")
@@ -40,7 +47,7 @@ def read_folder(
         _check_config(folder, digest, source)
     try:
         check_layout(_layout(files), served, source)
-        tensors = {name: t for f in files for name, t in _tensors(f)}
+        tensors = {name: t for f in files for name, t in _tensors(f, parts)}
     except (SafetensorError, OSError) as exc:
         raise InvalidInput("source_corrupt", f"{source}: cannot read it: {_line(exc)}") from None
     check_finite(tensors, source)
@@ -101,10 +108,13 @@ def check_layout(layout: Mapping[str, tuple], served: Mapping[str, torch.Tensor]
             raise InvalidInput("source_mismatch", f"{source}: {name} is {dtype}, the served one {want.dtype}")
 
 
-def _tensors(path: Path):
+def _tensors(path: Path, parts: Parts | None):
     with safe_open(path, framework="pt") as fh:
         for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
-            yield name, fh.get_tensor(name)
+            if parts is not None and name not in parts:
+                continue  # another rank's
+            block = None if parts is None else parts[name]
+            yield name, fh.get_tensor(name) if block is None else fh.get_slice(name)[block]
 
 
 def download(source: str, folder: Path) -> Path:

@@ -30,14 +30,12 @@ from eagle3_target.protocol import contract
 from eagle3_target.protocol.p2p import NCCL, backend_for
 from eagle3_target.protocol.rendezvous import PeerRejected, group_name, listen, new_secret
 
-from ..errors import Forbidden, InvalidInput, TooManySessions
+from ..errors import Forbidden, InvalidInput
 from ..sessions import Session
 from .group import SessionGroup, Transfer
 from .options import P2POptions
 
 log = logging.getLogger(__name__)
-
-WEIGHTS_SESSION = "weights-broadcast:"  # the pseudo-session of a trainer's weights broadcast
 
 
 class P2PGroups:
@@ -96,7 +94,7 @@ class P2PGroups:
             raise InvalidInput("port_out_of_range", f"nccl_port {port} is outside this server's {self.ports}")
         self.teardown(session, "reinitialised")  # a second init means the client built a fresh group
         try:
-            sg, reply = self._open(session, address, port, backend, device, authenticated)
+            sg, reply = self.open(session, address, port, backend, device, authenticated)
         except OSError as exc:
             return {"status": "failed", "detail": str(exc)}
         if authenticated or not nemo_order:
@@ -111,20 +109,7 @@ class P2PGroups:
             return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
         return reply
 
-    def weights_group(self, address: str, device: str) -> tuple[SessionGroup, dict[str, Any]]:
-        """An authenticated group of its own for a trainer's weights broadcast (refresh_broadcast.py), on a
-        port of the range, and the /init_nccl reply that tells the trainer how to join it."""
-        if not self.options.enabled:
-            raise Forbidden(
-                "p2p_disabled", "this server runs with --disable-p2p: it takes no broadcast weights"
-            )
-        session = Session(f"{WEIGHTS_SESSION}{new_secret()[:16]}", time.monotonic())
-        try:
-            return self._open(session, address, None, backend_for(device), device, authenticated=True)
-        except OSError as exc:
-            raise TooManySessions("p2p_ports_reserved", str(exc)) from None
-
-    def _open(
+    def open(
         self, session: Session, address: str, port: int | None, backend: str, device: str, authenticated: bool
     ) -> tuple[SessionGroup, dict[str, Any]]:
         """Reserve ``port`` (None: any free one of the range) for ``session`` and start its rendezvous; the

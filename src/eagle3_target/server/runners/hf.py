@@ -224,6 +224,12 @@ class HFRunner(FinalHiddenRunner):
         """In place, on the model thread between forwards: ``tensors`` are checked against named_weights."""
         copy_into(self.named_weights(), tensors)
 
+    def served_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """A split replica's refresh on this rank (rank_refresh.py): the whole model's layout, which a source
+        must match, and the tensors this rank serves by checkpoint name (sharded ones as DTensors)."""
+        named = self.named_weights()
+        return named, named
+
     def close(self) -> None:
         self.model = None
         if torch.cuda.is_available():

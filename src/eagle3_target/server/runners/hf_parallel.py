@@ -8,6 +8,7 @@ the plan, logits gathered (``colwise_gather_output``), and sharded weights gathe
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
 
@@ -20,6 +21,7 @@ from .base import Captured, ForwardInputs, resolve_dtype
 from .hf import HFRunner
 from .hf_pipeline import load_stage
 from .leading import LeadingRunner, follow_calls
+from .rank_refresh import RankRefresh, wait_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,30 @@ def _tensor_parallel(size: int) -> dict:
 
 
 class HFParallelRunner(LeadingRunner):
-    """Rank 0 of a split hf replica."""
+    """Rank 0 of a split hf replica. A refresh (refresh.py) has two phases on every rank (rank_refresh.py):
+    ``begin_staging`` and ``wait_staged``, then ``replace_weights`` or ``drop_staged``."""
+
+    def __init__(self, inner, group: RankGroup, layout: ParallelLayout):
+        super().__init__(inner, group, layout)
+        self._tickets = itertools.count()
+
+    def begin_staging(self, source: str) -> int:
+        """On the model thread: every rank starts reading its part of ``source``; the refresh's ticket."""
+        ticket = next(self._tickets)
+        self._everywhere("stage_weights", source, ticket)
+        return ticket
+
+    def wait_staged(self, ticket: int) -> None:
+        """Off the model thread: until every rank has its part; the first rank's refusal raised."""
+        wait_outcomes(self.group, ticket)
+
+    def replace_weights(self, ticket: int) -> None:
+        """On the model thread, between forwards: every rank's staged part into what it serves."""
+        self._everywhere("commit_weights", ticket, True)
+
+    def drop_staged(self, ticket: int) -> None:
+        if self.group.dead is None:  # a replica that lost a rank has nothing left to drop it on
+            self._everywhere("commit_weights", ticket, False)
 
     def forward(self, input_ids, attention_mask, **packed):
         return self._everywhere("forward", input_ids, attention_mask, **packed)
@@ -103,7 +128,7 @@ def load(*, parallel: ParallelLayout, **options) -> HFParallelRunner:
     device = options.get("device", "cpu")
     options = rank_options(options, parallel)
     group = join(parallel, options, device)
-    inner = split_runner(options, 0, parallel.world_size, rank_device(device, 0))
+    inner = RankRefresh(split_runner(options, 0, parallel.world_size, rank_device(device, 0)), group)
     log.info("rank 0 of %d leads the hf replica (%s)", parallel.world_size, parallel.describe())
     return HFParallelRunner(inner, group, parallel)
 
@@ -117,4 +142,5 @@ def follow(*, parallel: ParallelLayout, **options) -> None:
 def follow_group(group: RankGroup, options: dict) -> None:
     """Load this rank's shard and run every call rank 0 broadcasts, until it says stop."""
     device = rank_device(options.get("device", "cpu"), group.spec.local_rank)
-    follow_calls(group, split_runner(options, group.rank, group.spec.world_size, device), device)
+    runner = split_runner(options, group.rank, group.spec.world_size, device)
+    follow_calls(group, RankRefresh(runner, group), device)

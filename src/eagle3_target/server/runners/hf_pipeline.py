@@ -23,6 +23,7 @@ from eagle3_target.protocol.features import WEIGHT_FINAL_NORM, WEIGHT_INPUT_EMBE
 from .base import Capture, Captured, ForwardInputs
 from .hf import HFRunner, decoder_layers, final_norm
 from .hf_vlm import embedding_output_point, load_pretrained, modalities
+from .hf_weights import checkpoint_tensors
 from .hooks import Stop, keep, keep_input
 from .packing import block_causal_mask
 
@@ -102,6 +103,7 @@ class StageRunner(HFRunner):
         super().__init__(model, name=name, aux_layer_ids=aux_layer_ids)  # info from the whole model
         self.stage, self.device = stage, device
         self._weights = _weight_specs(model)  # rank 0 receives the weights other stages hold
+        self._layout, self._aliases = whole_layout(model)  # what a refresh's source must match
         self._head = self._norm = None  # held below only by the stage that keeps them
         _keep_stage(model, stage)
         self.model = model.to(device)
@@ -221,6 +223,11 @@ class StageRunner(HFRunner):
         shape, dtype = self._weights[name]
         return self._to_rank_0(mine, owner, shape, dtype)
 
+    def served_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The whole model's layout, and this stage's tensors by the names a checkpoint gives them."""
+        held = checkpoint_tensors(self.model)
+        return self._layout, {self._aliases.get(name, name): tensor for name, tensor in held.items()}
+
     def input_embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight.detach() if self.stage.first else None
 
@@ -237,6 +244,22 @@ def _weight_specs(model: nn.Module) -> dict[str, tuple[torch.Size, torch.dtype]]
         WEIGHT_FINAL_NORM: norm.weight if norm is not None else None,
     }
     return {n: (w.shape, w.dtype) for n, w in weights.items() if w is not None}
+
+
+def whole_layout(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The whole model's checkpoint tensors as meta tensors (their names, shapes, dtypes; no memory held), and
+    each other name of a tied weight to the one a checkpoint keeps: a last stage's lm_head tied to the
+    embedding the first stage holds is the checkpoint's embedding."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if first.setdefault(id(tensor), name) != name:
+            aliases[name] = first[id(tensor)]
+    layout = {
+        name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        for name, tensor in checkpoint_tensors(model).items()
+    }
+    return layout, aliases
 
 
 def load_stage(options: dict, rank: int, stages: int, device: str, dtype) -> StageRunner:

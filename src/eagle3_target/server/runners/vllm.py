@@ -85,10 +85,14 @@ class VLLMRunner(VLLMWeights, FinalHiddenRunner):
         max_batch_tokens: int,
         parallel: ParallelLayout,
         tokenizer=None,
+        engine_args: dict | None = None,
     ):
         from vllm import SamplingParams
 
         self.llm, self.tokenizer = llm, tokenizer  # the tokenizer: for the /v1 endpoints (None: they refuse)
+        self.engine_args = (
+            engine_args  # what the engine was built from: an evaluation engine's too (speculative/)
+        )
         self.parallel = parallel
         self.max_batch_tokens = max_batch_tokens
         model_config = llm.llm_engine.model_config
@@ -156,6 +160,7 @@ class VLLMRunner(VLLMWeights, FinalHiddenRunner):
             max_batch_tokens=max_batch_tokens,
             parallel=parallel,
             tokenizer=load_tokenizer(model, trust_remote_code),
+            engine_args=args,
         )
 
     @classmethod

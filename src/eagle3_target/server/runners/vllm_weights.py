@@ -15,6 +15,8 @@ from .vllm_capture import embedding_shard, head_rows, head_shard
 class VLLMWeights:
     """VLLMRunner's weight calls (``self.llm``: its engine; ``self.info``: its RunnerInfo)."""
 
+    refreshed = False  # whether the weights served are no longer the checkpoint's the engine was built from
+
     def served_layout(self) -> dict[str, torch.Tensor]:
         """What a refresh's source must match: the served checkpoint's layout (vLLM's workers hold the weights)."""
         return file_layout(self.info.model, "vllm")
@@ -22,6 +24,7 @@ class VLLMWeights:
     def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """vLLM's own in-place reload on every rank, each taking its part, between prefills (the model thread)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
+        self.refreshed = True
 
     def weight(self, name: str) -> torch.Tensor:
         if name == WEIGHT_INPUT_EMBEDDINGS:

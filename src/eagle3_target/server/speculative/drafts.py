@@ -94,14 +94,8 @@ def load(folder: Path, info: RunnerInfo) -> Draft:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
-    architectures = getattr(config, "architectures", None) or []
-    if architectures != [EAGLE3_ARCHITECTURE] or getattr(config, "parallel_drafting", False):
-        raise InvalidInput(
-            "draft_not_supported",
-            f"the draft's architectures {architectures} are not an EAGLE-3 draft ({EAGLE3_ARCHITECTURE}, "
-            "no parallel drafting); see docs/evaluate.md for the families evaluated",
-        )
-    _check_fits(config, info)
+    check_architecture(getattr(config, "architectures", None), getattr(config, "parallel_drafting", False))
+    check_fits(int(config.vocab_size), int(getattr(config, "target_hidden_size", config.hidden_size)), info)
     model = LlamaEagle3DraftModel(config)
     try:
         model.load_state_dict(
@@ -115,11 +109,21 @@ def load(folder: Path, info: RunnerInfo) -> Draft:
     return Draft(model, folder, d2t)
 
 
-def _check_fits(config, info: RunnerInfo) -> None:
-    target_hidden = int(getattr(config, "target_hidden_size", config.hidden_size))
+def check_architecture(architectures: list[str] | None, parallel_drafting: bool) -> None:
+    """An EAGLE-3 draft of NeMo's dense class, or InvalidInput naming what it is instead."""
+    if (architectures or []) != [EAGLE3_ARCHITECTURE] or parallel_drafting:
+        raise InvalidInput(
+            "draft_not_supported",
+            f"the draft's architectures {architectures or []} are not an EAGLE-3 draft ({EAGLE3_ARCHITECTURE}, "
+            "no parallel drafting); see docs/evaluate.md for the families evaluated",
+        )
+
+
+def check_fits(vocab_size: int, target_hidden_size: int, info: RunnerInfo) -> None:
+    """The draft was trained for this target: its vocabulary, its hidden size, three aux layers."""
     wants = {
-        "vocab_size": (int(config.vocab_size), info.vocab_size),
-        "hidden_size": (target_hidden, info.hidden_size),
+        "vocab_size": (vocab_size, info.vocab_size),
+        "hidden_size": (target_hidden_size, info.hidden_size),
     }
     for name, (draft, target) in wants.items():
         if draft != target:

@@ -1,6 +1,7 @@
 """POST /v1/speculative/evaluate without the HTTP: validate the request, load the draft, run each prompt's
 draft-then-verify loop one step per turn at the model, at a low priority class by default, so training's
-/generate keeps its share (scheduler.py). The request's JSON and the reply's are in docs/evaluate.md.
+/generate keeps its share (scheduler.py). On the vllm engine vLLM's own EAGLE-3 decodes instead, in an
+evaluation engine of its own (vllm_evaluate.py). The request's JSON and the reply's are in docs/evaluate.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..runners.hf import HFRunner
 from ..scheduler import FairScheduler, priority_class
 from . import drafts
 from .decode import Decoding
+from .vllm_evaluate import VLLMEvaluation
 
 DEFAULT_PRIORITY = "low"  # evaluation yields to training's /generate while both wait
 MAX_SPECULATIVE_TOKENS = 32
@@ -26,12 +28,14 @@ MAX_PROMPTS = 256
 
 
 class SpeculativeEvaluator:
-    """Speculative decoding of prompts with a draft read from --draft-dir-root, on the `hf` engine."""
+    """Speculative decoding of prompts with a draft read from --draft-dir-root: the `hf` engine's loop here,
+    the `vllm` engine's own in an evaluation engine (vllm_evaluate.py)."""
 
     def __init__(self, model: ModelHost, turns: FairScheduler, options: ServerOptions):
         self.model, self.turns, self.options = model, turns, options
         self.root = Path(options.draft_dir_root) if options.draft_dir_root else None
         self.drafts = drafts.DraftCache()
+        self.vllm = VLLMEvaluation()
         self._tokenizer: Any = None
 
     async def evaluate(self, session: str, body: bytes) -> dict[str, Any]:
@@ -45,8 +49,12 @@ class SpeculativeEvaluator:
         if not isinstance(priority, str):
             raise InvalidInput("invalid_field", "'priority' must be one of low, normal, high")
         priority = priority_class(priority, self.options.max_priority)
-        _check_engine(runner)
+        vllm = _check_engine(runner)
         prompts = [await self._prompt(runner, p, max_tokens + k) for p in _prompts(asked)]
+        name = None if folder is None else str(folder.relative_to(self.root.resolve()))
+        if vllm:  # vLLM's own speculative decoding, in an engine of its own (vllm_evaluate.py)
+            results, seconds = await self.vllm.run(runner, folder, k, prompts, max_tokens)
+            return _summary(name, k, results, seconds)
         draft = await asyncio.to_thread(self.drafts.get, folder, runner.info) if folder else None
         eos = _eos(runner)
         start, results = time.perf_counter(), []
@@ -65,7 +73,6 @@ class SpeculativeEvaluator:
                     "accepted_per_position": decoding.per_position,
                 }
             )
-        name = None if folder is None else str(folder.relative_to(self.root.resolve()))
         return _summary(name, k, results, time.perf_counter() - start)
 
     async def _prompt(self, runner: HFRunner, prompt: Any, room: int) -> list[int]:
@@ -142,13 +149,17 @@ def _prompts(asked: dict[str, Any]) -> list[Any]:
     return prompts
 
 
-def _check_engine(runner: Any) -> None:
+def _check_engine(runner: Any) -> bool:
+    """True for the vllm engine (its own speculative decoding), False for a one-device hf text target."""
+    if runner.info.engine == "vllm":
+        return True
     if type(runner) is not HFRunner or runner.info.modalities:
         raise InvalidInput(
             "speculative_not_offered",
-            f"speculative decoding runs on a one-device text target of the hf engine, not {runner.info.engine} "
-            f"({type(runner).__name__})",
+            f"speculative decoding runs on the vllm engine or a one-device text target of the hf engine, not "
+            f"{runner.info.engine} ({type(runner).__name__})",
         )
+    return False
 
 
 def _eos(runner: HFRunner) -> set[int]:
