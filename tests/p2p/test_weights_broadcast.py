@@ -213,3 +213,14 @@ async def test_a_broadcast_serves_the_new_weights_on_every_replica_as_a_fresh_lo
             "eagle3_target_weight_refreshes_total", {"outcome": "served"}
         )
         assert served == 1
+
+
+async def test_a_server_without_p2p_refuses_a_broadcast_and_keeps_serving(tiny_model_dir, tensors_b):
+    off = ServerOptions(auth_token=TRAINER, admin_token=ADMIN, p2p=P2POptions(enabled=False))
+    async with serve(lambda: HFRunner.load(str(tiny_model_dir)), off) as server:
+        before = await answer(server)
+        outcome = await asyncio.to_thread(broadcast_refresh, [server.url], tensors_b, "v2", ADMIN, timeout=30)
+        assert not outcome.served and outcome.refused[server.url].startswith("403 p2p_disabled"), outcome
+        assert await answer(server) == before
+        code, _ = await post(server, contract.REFRESH, json.dumps({"source": "/nowhere", "version": "v2"}))
+        assert code == 400  # the refresh lock was given back: a later refresh is answered

@@ -1,5 +1,6 @@
 """The JSON endpoints of a target's lifecycle beside training: new weights in place (POST /weights/refresh,
-refresh.py, or sent by a trainer: POST /weights/broadcast and its outcome, refresh_broadcast.py) and a draft's acceptance by speculative decoding (POST /v1/speculative/evaluate, speculative/)."""
+refresh.py, or sent by a trainer: POST /weights/broadcast and its outcome, refresh_broadcast.py) and a draft's
+acceptance by speculative decoding (POST /v1/speculative/evaluate, speculative/)."""
 
 from __future__ import annotations
 

@@ -54,10 +54,24 @@ def read_folder(
     return tensors
 
 
+REDUCIBLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # the floating dtypes aminmax takes
+
+
 def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    bad = [n for n, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not _finite(t)]
     if bad:
         raise InvalidInput("source_corrupt", f"{source}: {_some(bad)} hold NaN or infinite values")
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity: the least and greatest value are finite exactly when every value is (both propagate
+    NaN), and one reduction reads the tensor about ten times faster than isfinite().all() builds its mask."""
+    if tensor.numel() == 0:
+        return True
+    if tensor.dtype not in REDUCIBLE:  # float8, which neither aminmax nor isfinite takes: exact in bfloat16
+        return _finite(tensor.to(torch.bfloat16))
+    low, high = torch.aminmax(tensor)
+    return bool(torch.isfinite(low) and torch.isfinite(high))
 
 
 def _check_config(folder: Path, digest: str, source: str) -> None:
