@@ -15,9 +15,11 @@ from safetensors.torch import load_file, save_file
 from target_support import free_port, generate_body, serve, vocab_body
 
 from eagle3_target.protocol import contract
+from eagle3_target.server.errors import InvalidInput
 from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.runners.hf import HFRunner
 from eagle3_target.server.runners.tiny import build_tiny_llama
+from eagle3_target.server.weight_source import check_finite
 
 ADMIN, TRAINER = "admin-secret", "trainer-secret"
 BATCH = generate_body(torch.arange(48).view(3, 16) % 500)
@@ -254,3 +256,22 @@ async def test_a_refresh_from_s3(tiny_model_dir, weights_b, s3):
             assert await answer(server) == (version, before)
         assert await refresh(server, "s3://checkpoints/policy/b", "v2") == (200, {"version": "v2"})
         assert await answer(server) == ("v2", await fresh_answer(weights_b))
+
+
+NON_FINITE = [
+    (dtype, value)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+    for value in (float("nan"), float("inf"), float("-inf"))
+    if dtype != torch.float8_e4m3fn or value != value  # e4m3fn holds no infinity (it saturates)
+]
+
+
+@pytest.mark.parametrize(("dtype", "value"), NON_FINITE)
+def test_a_single_non_finite_value_anywhere_in_a_tensor_is_found(dtype, value):
+    for size in (1, 17, 4099):
+        for at in {0, size // 2, size - 1}:
+            tensor = torch.randn(size).to(dtype)
+            tensor[at] = value
+            with pytest.raises(InvalidInput, match="source_corrupt|NaN or infinite"):
+                check_finite({"w": torch.zeros(3), "x": tensor}, "src")
+    check_finite({"w": torch.randn(5).to(dtype), "empty": torch.empty(0, dtype=dtype)}, "src")

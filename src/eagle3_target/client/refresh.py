@@ -22,6 +22,13 @@ class Outcome:
     served: dict[str, str] = field(default_factory=dict)  # url -> the version it serves now
     refused: dict[str, str] = field(default_factory=dict)  # url -> why, in one line
 
+    def settle(self, url: str, reply: dict, why: str | None) -> None:
+        """A replica's answer: the version it serves, or why not."""
+        if why is None and isinstance(reply.get("version"), str):
+            self.served[url] = reply["version"]
+        else:
+            self.refused[url] = why or f"200 without a version: {str(reply)[:200]}"
+
 
 async def replicas(
     urls: list[str] | None, specs: list[EndpointSpec] | None, nameserver: str | None
@@ -38,22 +45,29 @@ async def refresh_fleet(
 ) -> Outcome:
     outcome, slots = Outcome(), asyncio.Semaphore(parallel)
     body = json.dumps({"source": source, "version": version})
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     async def one(http: aiohttp.ClientSession, url: str) -> None:
         async with slots:
             if outcome.refused:
                 return
-            try:
-                async with http.post(f"{url}/{contract.REFRESH}", data=body, headers=headers) as resp:
-                    reply = await resp.json(content_type=None)
-                    if resp.status == 200:
-                        outcome.served[url] = reply["version"]
-                        return
-                    outcome.refused[url] = f"{resp.status} {reply.get('error')}: {reply.get('detail')}"
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, AttributeError) as exc:
-                outcome.refused[url] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            reply, why = await post_admin(http, f"{url}/{contract.REFRESH}", body, token)
+            outcome.settle(url, reply, why)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         await asyncio.gather(*(one(http, url) for url in urls))
     return outcome
+
+
+async def post_admin(http: aiohttp.ClientSession, url: str, body: str, token: str) -> tuple[dict, str | None]:
+    """(reply, None) for a 200 with a JSON object, else ({}, why in one line)."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    try:
+        async with http.post(url, data=body, headers=headers) as resp:
+            reply = await resp.json(content_type=None)
+            if not isinstance(reply, dict):
+                return {}, f"{resp.status}: not a JSON object"
+            if resp.status == 200:
+                return reply, None
+            return {}, f"{resp.status} {reply.get('error')}: {reply.get('detail')}"
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return {}, " ".join(f"{type(exc).__name__}: {exc}".split())[:300]

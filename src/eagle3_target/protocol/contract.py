@@ -32,6 +32,9 @@ SPECULATIVE_EVALUATE = (
 )
 # /weights/refresh: new weights served in place, for the holder of the admin token (--admin-token-file)
 REFRESH = "weights/refresh"
+# /weights/broadcast: the same, the tensors sent live by a trainer over a p2p group; then its outcome
+BROADCAST = "weights/broadcast"
+BROADCAST_OUTCOME = "weights/broadcast/outcome"
 
 # What Kubernetes probes: /health answers 200 once the model is loaded (startup and readiness),
 # /livez 200 while the process serves at all (liveness: a slow load is not a dead process).

@@ -173,11 +173,13 @@ def within(timeout: float, build: Callable[[], G], what: str, give_up: Callable[
 def await_hello(store: PrefixStore, secret: str, deadline: float, cancelled: threading.Event | None):
     """Wait for the client's hello, in short steps so that a cancelled rendezvous ends soon."""
     key, value = hello(secret)
+    pause = 0.001  # doubling up to HELLO_POLL: a client that joins at once is seen within a few ms
     while not store.check([key]):
         if cancelled is not None and cancelled.is_set():
             raise TransferError("rendezvous cancelled")
         if time.monotonic() >= deadline:
             raise TransferError("no client arrived before the rendezvous timeout")
-        time.sleep(HELLO_POLL)
+        time.sleep(pause)
+        pause = min(2 * pause, HELLO_POLL)
     if not hmac.compare_digest(store.get(key), value):
         raise PeerRejected("a peer announced itself with a wrong hello")

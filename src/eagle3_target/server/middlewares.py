@@ -44,7 +44,7 @@ CLIENT_CLOSED = 499  # nginx's code for a request whose client closed the connec
 CLIENT_CLOSED_KEY = web.RequestKey("eagle3_target.client_closed", bool)
 OPEN_PATHS = {"/" + contract.LIVEZ, "/" + contract.READYZ, "/" + contract.HEALTH, "/" + contract.METRICS}
 # Paths with credentials of their own, checked by the service (the admin token of refresh.py), not the trainers'
-ADMIN_PATHS = {"/" + contract.REFRESH}
+ADMIN_PATHS = {"/" + p for p in (contract.REFRESH, contract.BROADCAST, contract.BROADCAST_OUTCOME)}
 
 
 class InFlight:

@@ -55,11 +55,12 @@ def parse_request(body: bytes) -> tuple[str, str]:
 
 
 class WeightRefresh:
-    """One refresh at a time; others wait their turn (a fleet-wide rollout sends one per replica)."""
+    """One refresh at a time, from a source (here) or a trainer's broadcast (refresh_broadcast.py); others wait
+    their turn on ``lock`` (a fleet-wide rollout sends one per replica)."""
 
     def __init__(self, model: ModelHost, metrics: ServerMetrics, admin_token: str | None):
         self.model, self.metrics, self.admin_token = model, metrics, admin_token
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
 
     def authorize(self, authorization: str) -> None:
         """Forbidden without --admin-token-file, Unauthorized without its token (the trainers' is not enough)."""
@@ -76,28 +77,51 @@ class WeightRefresh:
         """The new version, once its weights serve (``headers``: the request's, for its Authorization)."""
         self.authorize(headers.get("Authorization", ""))
         source, version = parse_request(body)
-        async with self._lock:
+        async with self.lock:
             start = time.perf_counter()
             try:
-                runner = self.model.ready()
-                if not hasattr(runner, "replace_weights"):
-                    split = " split over ranks" if runner.info.parallel else ""
-                    raise InvalidInput(
-                        "refresh_not_offered",
-                        f"the {runner.info.engine} engine{split} cannot refresh its weights in place",
-                    )
+                runner = self.offered()
                 staged = await self._stage(runner, source)
             except ServiceError as exc:
-                self.metrics.refreshes.labels("refused").inc()
-                log.warning("refresh to %s from %s refused: %s", version, source, exc.detail)
+                self.refused(version, source, exc)
                 raise
-            await self.model.call(self._swap, runner, staged, version)
+            await self.swap(runner, staged, version, source, start)
             del staged
-            elapsed = time.perf_counter() - start
+        return version
+
+    def offered(self):
+        """The runner, where its engine can refresh in place; InvalidInput otherwise."""
+        runner = self.model.ready()
+        if not hasattr(runner, "replace_weights"):
+            split = " split over ranks" if runner.info.parallel else ""
+            raise InvalidInput(
+                "refresh_not_offered",
+                f"the {runner.info.engine} engine{split} cannot refresh its weights in place",
+            )
+        return runner
+
+    async def served(self) -> tuple:
+        """(runner, what a new set of weights must match) for a replica whose weights live whole in one
+        process: the weights held here, or their layout (an engine that holds them in its own workers: vllm)."""
+        runner = self.offered()
+        if hasattr(runner, "begin_staging"):
+            raise InvalidInput(
+                "refresh_not_offered", "a replica split over ranks refreshes from a checkpoint only"
+            )
+        return runner, await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
+
+    def refused(self, version: str, source: str, exc: ServiceError) -> None:
+        self.metrics.refreshes.labels("refused").inc()
+        log.warning("refresh to %s from %s refused: %s", version, source, exc.detail)
+
+    async def swap(self, runner, staged, version: str, source: str, start: float) -> None:
+        """``staged`` (checked) and ``version`` served together, in one call on the model thread between two
+        forwards; counted and logged with the seconds since ``start``."""
+        await self.model.call(self._swap, runner, staged, version)
+        elapsed = time.perf_counter() - start
         self.metrics.refreshes.labels("served").inc()
         self.metrics.refresh_seconds.set(elapsed)
         log.info("serving version %s from %s, refreshed in %.2fs", version, source, elapsed)
-        return version
 
     async def _stage(self, runner, source: str):
         """The new weights read and checked, off the model thread; for a split replica (``begin_staging``),
@@ -110,13 +134,10 @@ class WeightRefresh:
                 await self.model.call(runner.drop_staged, ticket)
                 raise
             return ticket
-        # what the source must match: the weights held here, or their layout (an engine that holds them in
-        # its own workers: vllm)
-        served = await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
+        _, served = await self.served()
         return await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
 
     def _swap(self, runner, staged, version: str) -> None:
-        """On the model thread, between forwards: the weights and their version together."""
         runner.replace_weights(staged)
         self.model.version, self.model.refreshed_at = version, time.time()
         self.metrics.serving(version)

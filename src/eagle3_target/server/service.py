@@ -3,7 +3,8 @@
 - lifetime (here and model_host.py): load and warm the runner in the background, expire sessions, watch
   the p2p groups, drain, stop, release;
 - sessions and vocabulary (session_endpoints.py): heartbeat, disconnect, model info, vocab mappings, p2p;
-- weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights; new ones in place (refresh.py);
+- weights (weight_endpoints.py): input embeddings, lm_head rows, whole weights; new ones in place
+  (refresh.py; sent live by a trainer over p2p: refresh_broadcast.py);
 - the generate/capture pipeline (pipeline.py): /generate into supervision or a feature request's reply;
 - speculative decoding (speculative/): a draft's acceptance, its steps in the same turns at the model;
 - text generation (generation.py) for the OpenAI-compatible endpoints, through the same scheduler.
@@ -26,6 +27,7 @@ from .options import ServerOptions
 from .p2p.groups import P2PGroups
 from .pipeline import GeneratePipeline
 from .refresh import WeightRefresh
+from .refresh_broadcast import WeightBroadcast
 from .runners import TargetRunner
 from .session_endpoints import SessionEndpoints
 from .sessions import SessionTable
@@ -50,6 +52,7 @@ class TargetService:
         self.clients = SessionEndpoints(self.model, self.sessions, self.p2p, options, metrics, self.stopped)
         self.weights = WeightEndpoints(self.model, self.sessions)
         self.refresh = WeightRefresh(self.model, metrics, options.admin_token)
+        self.broadcast = WeightBroadcast(self.refresh, self.p2p)
         self.pipeline = GeneratePipeline(self.model, self.sessions, self.p2p, options, metrics)
         self.speculative = SpeculativeEvaluator(self.model, self.pipeline.turns, options, metrics)
         self.generation = GenerationService(

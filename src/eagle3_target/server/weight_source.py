@@ -46,14 +46,32 @@ def read_folder(
     if (folder / "config.json").is_file():
         _check_config(folder, digest, source)
     try:
-        _check_layout(_layout(files), served, source)
+        check_layout(_layout(files), served, source)
         tensors = {name: t for f in files for name, t in _tensors(f, parts)}
     except (SafetensorError, OSError) as exc:
         raise InvalidInput("source_corrupt", f"{source}: cannot read it: {_line(exc)}") from None
-    bad = [n for n, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    check_finite(tensors, source)
+    return tensors
+
+
+REDUCIBLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # the floating dtypes aminmax takes
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not _finite(t)]
     if bad:
         raise InvalidInput("source_corrupt", f"{source}: {_some(bad)} hold NaN or infinite values")
-    return tensors
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity: the least and greatest value are finite exactly when every value is (both propagate
+    NaN), and one reduction reads the tensor about ten times faster than isfinite().all() builds its mask."""
+    if tensor.numel() == 0:
+        return True
+    if tensor.dtype not in REDUCIBLE:  # float8, which neither aminmax nor isfinite takes: exact in bfloat16
+        return _finite(tensor.to(torch.bfloat16))
+    low, high = torch.aminmax(tensor)
+    return bool(torch.isfinite(low) and torch.isfinite(high))
 
 
 def _check_config(folder: Path, digest: str, source: str) -> None:
@@ -84,7 +102,9 @@ def _layout(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]]:
     return layout
 
 
-def _check_layout(layout: Mapping[str, tuple], served: Mapping[str, torch.Tensor], source: str) -> None:
+def check_layout(layout: Mapping[str, tuple], served: Mapping[str, torch.Tensor], source: str) -> None:
+    """Every served tensor in ``layout`` (name -> (shape, safetensors dtype)), nothing more, each of its
+    shape and kind (floating or not); InvalidInput names the first that is not."""
     missing, extra = sorted(set(served) - set(layout)), sorted(set(layout) - set(served))
     if missing:
         raise InvalidInput("source_incomplete", f"{source} lacks {len(missing)} tensors: {_some(missing)}")

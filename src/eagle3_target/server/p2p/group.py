@@ -1,4 +1,5 @@
-"""One session's p2p group, from /init_nccl until its port is free again, and one transfer over it.
+"""One session's p2p group, from /init_nccl until its port is free again, and one transfer over it (a reply's
+tensors sent, or a trainer's weights received).
 
 Blocking torch calls run on daemon threads, never on the event loop, each with a deadline, and never
 hold up the process's exit.
@@ -15,8 +16,9 @@ from collections.abc import Callable, Mapping
 import torch
 
 from eagle3_target.protocol import contract
+from eagle3_target.protocol.metadata import Metadata
 from eagle3_target.protocol.p2p import PeerGroup
-from eagle3_target.protocol.rendezvous import TransferError, hang_up
+from eagle3_target.protocol.rendezvous import TransferError, group_name, hang_up
 
 from ..sessions import Session
 
@@ -135,3 +137,19 @@ class Transfer:
             raise TransferError(f"send on {self.group.name} failed: {exc!r}") from exc
         self.sg.next_seq += 1
         return sent
+
+
+async def receive(sg: SessionGroup, metadata: Metadata, timeout: float) -> dict[str, torch.Tensor | None]:
+    """What ``metadata`` announces, received over ``sg``'s group once its peer has joined and proved itself,
+    within ``timeout`` seconds. The TransferError for a peer that never joined, failed or stalled carries no
+    frame that holds a received buffer, so a failed transfer's memory goes at once."""
+    async with sg.lock:  # a group in use is no silent one (P2PGroups.watch)
+        group = await asyncio.shield(sg.ready)
+        if group is None or group.closed:
+            raise TransferError(f"no peer joined {group_name(sg.port)}: {sg.failure or 'torn down'}")
+        try:
+            recv = functools.partial(group.recv, metadata, None, timeout)
+            return await _off_loop(recv, name=f"p2p receive {sg.port}")
+        except TransferError as exc:
+            error = str(exc)
+    raise TransferError(error)

@@ -94,9 +94,27 @@ class P2PGroups:
             raise InvalidInput("port_out_of_range", f"nccl_port {port} is outside this server's {self.ports}")
         self.teardown(session, "reinitialised")  # a second init means the client built a fresh group
         try:
-            sock = self._reserve(address, port)
+            sg, reply = self.open(session, address, port, backend, device, authenticated)
         except OSError as exc:
             return {"status": "failed", "detail": str(exc)}
+        if authenticated or not nemo_order:
+            return reply
+        try:  # answer once the rendezvous is over
+            group = await asyncio.shield(sg.ready)
+        except asyncio.CancelledError:
+            if self.groups.get(session.id) is sg:
+                self.teardown(session, "cancelled")
+            raise
+        if group is None:
+            return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
+        return reply
+
+    def open(
+        self, session: Session, address: str, port: int | None, backend: str, device: str, authenticated: bool
+    ) -> tuple[SessionGroup, dict[str, Any]]:
+        """Reserve ``port`` (None: any free one of the range) for ``session`` and start its rendezvous; the
+        reply tells the peer where to join (and, authenticated, the secret). OSError: no port."""
+        sock = self._reserve(address, port)
         port = sock.getsockname()[1]
         secret = new_secret() if authenticated else None
         sg = SessionGroup(session, address, port, secret, functools.partial(self._released, port))
@@ -113,19 +131,7 @@ class P2PGroups:
             "group_name": group_name(port),
             "host": address,
         }
-        if secret is not None:
-            return {**reply, "secret": secret}
-        if not nemo_order:
-            return reply
-        try:  # answer once the rendezvous is over
-            group = await asyncio.shield(sg.ready)
-        except asyncio.CancelledError:
-            if self.groups.get(session.id) is sg:
-                self.teardown(session, "cancelled")
-            raise
-        if group is None:
-            return {"status": "failed", "detail": f"rendezvous on {address}:{port} did not complete"}
-        return reply
+        return sg, reply if secret is None else {**reply, "secret": secret}
 
     def _reserve(self, address: str, port: int | None):
         """A listening socket on ``port``, or on a free port of the range; OSError when none is free."""

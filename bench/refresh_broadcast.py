@@ -1,0 +1,256 @@
+"""A trainer's weights broadcast against a raw torch.distributed broadcast of the same tensors between the same
+processes, both measured in this run.
+
+--replicas replica processes each serve weights A (the real server in-process: `TargetServer`, hf engine,
+float32 on CPU, --threads torch threads, an admin token and a p2p port range) and, on a line from this
+process, also join one gloo world with it for the baseline. Each repeat first times the raw broadcast:
+this process (rank 0) `torch.distributed.broadcast`s every tensor of the next weights to the replicas, which
+receive them into buffers they allocated beforehand, then all meet at a barrier (the world was formed once,
+before any timing). Then it times `broadcast_refresh` of the same tensors to every replica under a new label,
+from the first announcement to the last replica's outcome: the check of names, dtypes and shapes, a fresh
+authenticated group per replica, the transfer, the NaN check and the swap. Weights alternate B, A, B, ...
+Printed: the medians and `broadcast/raw time`, with the first replica's RSS before, its peak during
+(VmHWM, reset through /proc/<pid>/clear_refs) and after each broadcast.
+
+Correctness in passing: after each broadcast every replica's /model_info and /generate name the new label,
+every replica answers one /generate with the same bytes, and weights A answer as they did at start-up.
+
+    python bench/refresh_broadcast.py                          # hidden 768, 8 layers (~200 MB), 2 replicas
+    python bench/refresh_broadcast.py --replicas 3 --repeats 5
+    python bench/refresh_broadcast.py --smoke                  # seconds, at the embedded tiny shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from refresh import ADMIN, MB, TRAINER, Server, checkpoint, free_port, llama_shape, status
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from eagle3_target.client.broadcast import broadcast_refresh
+
+RANGE = 16  # rendezvous ports per replica
+
+
+class Replica(Server):
+    """This script in --replica mode: a server of A, and a member of the raw world on request."""
+
+    def __init__(self, model: Path, threads: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        ports = free_port_block()
+        cmd = [sys.executable, __file__, "--replica", str(model), str(self.port), ports, str(threads)]
+        start = time.perf_counter()
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.ready_s = self._wait_ready(start)
+
+    def command(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def answered(self) -> str:
+        return self.proc.stdout.readline().strip()
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        super().stop()
+
+
+def free_port_block() -> str:
+    """START-END of RANGE ports free now (the server skips any taken later)."""
+    while True:
+        start = free_port()
+        if start + RANGE < 65535:
+            return f"{start}-{start + RANGE - 1}"
+
+
+def raw_world(replicas: list[Replica]) -> float:
+    """Seconds to form the gloo world of this process (rank 0) and the replicas, once."""
+    port, size = free_port(), len(replicas) + 1
+    for rank, replica in enumerate(replicas, 1):
+        replica.command(f"world {port} {rank} {size}")
+    start = time.perf_counter()
+    init_world(port, 0, size)
+    return time.perf_counter() - start
+
+
+def init_world(port: int, rank: int, size: int) -> None:
+    timeout = datetime.timedelta(seconds=300)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=timeout
+    )
+
+
+def raw_broadcast(replicas: list[Replica], tensors: dict[str, torch.Tensor]) -> float:
+    """Seconds for rank 0 to broadcast every tensor and for every replica to have received it."""
+    for replica in replicas:
+        replica.command("receive")
+    if any(replica.answered() != "allocated" for replica in replicas):
+        raise SystemExit("a replica could not take part in the raw broadcast")
+    start = time.perf_counter()
+    for tensor in tensors.values():
+        dist.broadcast(tensor, src=0)
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def broadcast(replicas: list[Replica], tensors: dict[str, torch.Tensor], version: str) -> dict[str, float]:
+    """One timed broadcast_refresh, with the first replica's RSS before, its peak during and after."""
+    pid = replicas[0].proc.pid
+    before = status(pid)["VmRSS"]
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS, so the peak is this broadcast's
+    start = time.perf_counter()
+    outcome = broadcast_refresh([r.url for r in replicas], tensors, version, ADMIN)
+    seconds = time.perf_counter() - start
+    if outcome.refused or set(outcome.served.values()) != {version}:
+        raise SystemExit(f"the broadcast of {version}: {outcome}")
+    after = status(pid)
+    return {"s": seconds, "before": before, "peak": after["VmHWM"], "after": after["VmRSS"]}
+
+
+def check(replicas: list[Replica], version: str, expected: bytes | None) -> bytes:
+    """Every replica names ``version`` and answers alike (as ``expected``, where given); the answer."""
+    answers = set()
+    for replica in replicas:
+        named, reply = replica.answer()
+        if replica.version() != version or named != version:
+            raise SystemExit(f"{replica.url} names {replica.version()} and {named}, not {version}")
+        answers.add(reply)
+    if len(answers) != 1 or (expected is not None and answers != {expected}):
+        raise SystemExit(f"after {version} the replicas answer {len(answers)} ways, as expected: {expected}")
+    return answers.pop()
+
+
+def run(folders: dict[str, Path], args) -> tuple[float, list[float], list[tuple[str, dict]]]:
+    """The world's setup seconds, each raw broadcast's seconds and (version, measures) of each broadcast."""
+    tensors = {name: dict(sorted(load_file(folders[name] / "model.safetensors").items())) for name in "ab"}
+    replicas = []
+    try:
+        for _ in range(args.replicas):
+            replicas.append(Replica(folders["a"], args.threads))
+        expected = {"a": replicas[0].answer()[1], "b": None}
+        setup = raw_world(replicas)
+        raw, rows = [], []
+        for i in range(args.repeats):
+            name = "ba"[i % 2]
+            version = f"weights-{name}-{i + 1}"
+            raw.append(raw_broadcast(replicas, tensors[name]))
+            rows.append((version, broadcast(replicas, tensors[name], version)))
+            expected[name] = check(replicas, version, expected[name])
+        return setup, raw, rows
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def report(setup: float, raw: list[float], rows: list[tuple[str, dict]], size: int) -> None:
+    print(f"{'run':<10}{'seconds':>9}{'RSS MB':>9}{'peak MB':>9}{'after MB':>10}  version")
+    for seconds, (version, r) in zip(raw, rows, strict=True):
+        print(f"{'raw':<10}{seconds:>9.3f}")
+        mb = "".join(f"{r[k] / MB:>{w}.0f}" for k, w in (("before", 9), ("peak", 9), ("after", 10)))
+        print(f"{'broadcast':<10}{r['s']:>9.3f}{mb}  {version}")
+    ours, theirs = statistics.median(r["s"] for _, r in rows), statistics.median(raw)
+    serving = rows[0][1]["before"]  # before the first broadcast: later ones start from what it left
+    peak, after = max(r["peak"] for _, r in rows), rows[-1][1]["after"]
+    print(f"weights: {size / MB:.0f} MB")
+    print(f"raw world setup (once): {setup:.3f} s")
+    print(f"median broadcast: {ours:.3f} s, median raw broadcast: {theirs:.3f} s")
+    print(f"broadcast/raw time: {ours / theirs:.2f}")
+    print(
+        f"highest peak - serving RSS: {(peak - serving) / MB:.0f} MB = {(peak - serving) / size:.2f} x the weights"
+    )
+    print(f"after the last broadcast/serving RSS: {after / serving:.2f}")
+
+
+def replica(folder: str, port: str, ports: str, threads: str) -> None:
+    """--replica: serve ``folder`` on ``port``; on stdin, join the raw world and receive its broadcasts."""
+    import asyncio
+
+    from aiohttp import web
+
+    from eagle3_target.server.app import TargetServer
+    from eagle3_target.server.options import ServerOptions
+    from eagle3_target.server.p2p.options import P2POptions, PortRange
+    from eagle3_target.server.runners.hf import HFRunner
+
+    torch.set_num_threads(int(threads))
+    block = PortRange.parse(ports)
+    p2p = P2POptions(port=block.start, port_range=block, timeout=600.0, rendezvous_timeout=60.0)
+    options = ServerOptions(auth_token=TRAINER, admin_token=ADMIN, p2p=p2p)
+    server = TargetServer(lambda: HFRunner.load(folder), options)
+    threading.Thread(target=raw_member, args=(Path(folder),), daemon=True).start()
+
+    async def serve() -> None:
+        runner = server.app_runner()
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", int(port)).start()
+        await server.service.stopped.wait()
+
+    asyncio.run(serve())
+
+
+def raw_member(folder: Path) -> None:
+    """A replica's part of the raw baseline, one command a line: `world PORT RANK SIZE`, then `receive`s."""
+    with safe_open(folder / "model.safetensors", framework="pt") as fh:
+        layout = {name: fh.get_slice(name) for name in sorted(fh.keys())}  # noqa: SIM118
+        shapes = {name: (piece.get_shape(), piece.get_dtype()) for name, piece in layout.items()}
+    for line in sys.stdin:
+        words = line.split()
+        if words[0] == "world":
+            init_world(*map(int, words[1:]))
+        elif words[0] == "receive":
+            buffers = [
+                torch.empty(shape, dtype=torch.float32) for shape, dtype in shapes.values() if dtype == "F32"
+            ]
+            print("allocated" if len(buffers) == len(shapes) else "not float32", flush=True)
+            for buffer in buffers:
+                dist.broadcast(buffer, src=0)
+            dist.barrier()
+            del buffers
+    os._exit(0)  # stdin closed: the bench is over
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--replica"]:
+        return replica(*sys.argv[2:6])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden-size", type=int, default=768)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5, help="raw broadcasts, and broadcast refreshes, each")
+    p.add_argument("--threads", type=int, default=1, help="the replicas' torch threads")
+    p.add_argument(
+        "--smoke", action="store_true", help="the embedded tiny shape (hidden 64, 8 layers), 2 repeats"
+    )
+    args = p.parse_args()
+    if args.smoke:
+        args.hidden_size, args.layers, args.repeats = 64, 8, 2
+    with tempfile.TemporaryDirectory(prefix="broadcast-bench-") as tmp:
+        folders = {"a": Path(tmp) / "a", "b": Path(tmp) / "b"}
+        size = checkpoint(folders["a"], 1, llama_shape(args.hidden_size, args.layers))
+        checkpoint(folders["b"], 2, llama_shape(args.hidden_size, args.layers))
+        print(
+            f"torch {torch.__version__}, replica threads {args.threads}; Llama hidden {args.hidden_size}, "
+            f"{args.layers} layers, float32, {size / MB:.0f} MB; {args.replicas} replicas, {args.repeats} repeats"
+        )
+        setup, raw, rows = run(folders, args)
+    report(setup, raw, rows, size)
+    print("checked: after each broadcast every replica's /model_info and /generate name the new version, the")
+    print("replicas answer alike, and weights A answer as at start-up")
+
+
+if __name__ == "__main__":
+    main()
