@@ -6,6 +6,7 @@ the fleet's start are the slow part, and each test leaves the fleet as it found 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -37,6 +38,7 @@ from cluster.operator_process import eventually
 
 from eagle3_target.client import PoolOptions, RemoteTargetBackend
 from eagle3_target.server.runners.hf import HFRunner
+from eagle3_target.server.runners.tiny import build_tiny_llama
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -93,9 +95,22 @@ def dns(control_plane, node):
 
 
 @pytest.fixture(scope="module")
-def fleet(kube, node, dns, images, tmp_path_factory):
+def weights_b(tmp_path_factory) -> Path:
+    """Weights B of the embedded model's build, in a folder the pods mount (hostPath) at /models/b."""
+    models = tmp_path_factory.mktemp("models")
+    build_tiny_llama(seed=2).save_pretrained(models / "b")
+    for path in (models, models / "b", *(models / "b").iterdir()):  # read by the server's non-root user
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return models / "b"
+
+
+@pytest.fixture(scope="module")
+def fleet(kube, node, dns, images, weights_b, tmp_path_factory):
     started = time.monotonic()
-    kube.install(CHART, chart_values(*images), str(tmp_path_factory.mktemp("helm") / "values.yaml"))
+    values = chart_values(*images)
+    host = {"hostPath": {"path": str(weights_b.parent), "type": "Directory"}}
+    values["target"]["modelVolume"] = {"volumeSource": host, "mountPath": "/models"}
+    kube.install(CHART, values, str(tmp_path_factory.mktemp("helm") / "values.yaml"))
     timed("helm install (operator Ready)", started)
     pods = wait_for_fleet(kube)
     timed("helm install -> fleet Ready", started)
@@ -273,3 +288,42 @@ def test_a_missing_secret_is_named_where_kubectl_get_shows_it(kube, fleet, tmp_p
     finally:
         kube.run("kubectl", "delete", "-f", str(manifest), "--wait=true", "--timeout=60s", check=False)
     assert all(ready(p) for p in kube.target_pods())
+
+
+def test_new_spec_weights_refresh_both_replicas_in_place_and_batches_name_them(kube, fleet, dns, weights_b):
+    """spec.weights changed: the operator refreshes the two ready replicas in place (same pods, no container
+    restart), status counts them, and a client pinned to the new version trains B's batches bit for bit."""
+    before = {p["metadata"]["uid"]: restarts(p) for p in kube.target_pods()}
+    weights = {"source": "/models/b", "version": "ft-2"}
+    patch = json.dumps({"spec": {"weights": weights}})
+    started = time.monotonic()
+    kube.run("kubectl", "patch", "e3t", TARGET, "-n", NAMESPACE, "--type=merge", "-p", patch)
+
+    def served() -> dict | bool:
+        status = kube.get("e3t", TARGET, "-n", NAMESPACE).get("status", {})
+        counted = status.get("targetVersion") == "ft-2" and status.get("targetVersionReplicas") == REPLICAS
+        return counted and status
+
+    status = eventually(served, timeout=180, interval=1, what="both replicas at ft-2 in the status")
+    timed("spec.weights -> both replicas refreshed", started)
+    assert status["readyReplicas"] == REPLICAS, status
+    after = {p["metadata"]["uid"]: restarts(p) for p in kube.target_pods() if ready(p)}
+    assert after == before, "a pod was replaced or its server restarted"
+    shown = kube.run("kubectl", "get", "e3t", TARGET, "-n", NAMESPACE)
+    assert "ft-2" in shown, shown
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the pods: a bit-identical reference
+    try:
+        runner, vocab = HFRunner.load(str(weights_b)), draft_vocab()
+        _, nameserver = dns
+        pinned = dataclasses.replace(OPTIONS, target_version="ft-2")
+        with RemoteTargetBackend(
+            f"dns://{SERVICE}:{HTTP_PORT}", nameserver=nameserver, options=pinned
+        ) as backend:
+            backend.set_vocab_mapping(vocab.selected_token_ids, vocab.selected_token_mask)
+            for seed, got in enumerate(backend.prefetch((make_batch(s) for s in range(6)), depth=2)):
+                batch = make_batch(seed)
+                assert_batch_matches(got, expected(runner, vocab, *batch), batch[1])
+                assert got.target_version == "ft-2"
+    finally:
+        torch.set_num_threads(threads)
