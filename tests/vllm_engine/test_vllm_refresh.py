@@ -2,35 +2,18 @@
 computes them, back again bit for bit as before, and a source of another shape is refused before anything that
 serves changes."""
 
-import json
-
 import torch
-from target_support import generate_body, serve, vocab_body
+from target_support import serve, vocab_body
 
-from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.runners import load_runner
 from eagle3_target.server.runners.tiny import build_tiny_llama
 
-from .vllm_support import AUX_LAYER_IDS, VLLM_TINY, batch, draft_vocab
+from .vllm_support import ADMIN, AUX_LAYER_IDS, VLLM_TINY, batch, draft_vocab, refresh, served
 
-ADMIN = "fleet-admin"
 IDS, MASK, LOSS = batch(3, 20, [20, 11, 16], seed=6)
 VOCAB = draft_vocab(64, seed=6)
-
-
-async def refresh(srv, source, version) -> tuple[int, dict]:
-    body = json.dumps({"source": str(source), "version": version})
-    headers = {"Authorization": f"Bearer {ADMIN}"}
-    async with srv.http.post(f"{srv.url}/weights/refresh", data=body, headers=headers) as resp:
-        return resp.status, await resp.json()
-
-
-async def supervision(srv) -> tuple[str, dict[str, torch.Tensor]]:
-    async with srv.http.post(f"{srv.url}/generate", data=generate_body(IDS, MASK, LOSS)) as resp:
-        assert resp.status == 200, await resp.text()
-        return resp.headers[contract.TARGET_VERSION_HEADER], wire.decode(bytearray(await resp.read()))
 
 
 async def test_a_vllm_replica_refreshes_in_place_as_the_hf_engine_computes_the_new_weights(
@@ -45,16 +28,16 @@ async def test_a_vllm_replica_refreshes_in_place_as_the_hf_engine_computes_the_n
         await srv.wait_ready(timeout=240)
         mapping = vocab_body(VOCAB.selected_token_ids, VOCAB.selected_token_mask)
         assert (await srv.post("set_vocab_mapping", mapping)).status == 200
-        started, before = await supervision(srv)
+        started, before = await served(srv, IDS, MASK, LOSS)
         status, refused = await refresh(srv, other, "v-other")
         assert status == 400 and refused["error"] == "source_mismatch", refused
-        version, kept = await supervision(srv)
+        version, kept = await served(srv, IDS, MASK, LOSS)
         assert version == started and all(torch.equal(kept[k], v) for k, v in before.items()), "unchanged"
         assert await refresh(srv, weights_b, "v-b") == (200, {"version": "v-b"})
-        version, after = await supervision(srv)
+        version, after = await served(srv, IDS, MASK, LOSS)
         assert version == "v-b"
         assert await refresh(srv, vllm_model_dir, "v-a") == (200, {"version": "v-a"})
-        version, again = await supervision(srv)
+        version, again = await served(srv, IDS, MASK, LOSS)
         assert version == "v-a"
         for key, value in before.items():
             assert torch.equal(again[key], value), key

@@ -3,39 +3,24 @@ this CPU): vLLM's own reload on both ranks, each taking its shard, serves the ne
 engine computes them within 1e-4; back again bit for bit as before; a source of other shapes is refused before
 anything that serves changes."""
 
-import json
 import time
 
 import pytest
 import torch
 from parallel_support import TOLERANCE, write_split_llama
-from target_support import generate_body, serve, vocab_body
+from target_support import serve, vocab_body
 
-from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.supervision import build_supervision
 from eagle3_target.server.options import ServerOptions
 from eagle3_target.server.parallel import ParallelLayout
 from eagle3_target.server.runners import load_runner
 
 from .split_support import AUX_LAYER_IDS, NODE_ENV, batch, gaps
+from .vllm_support import ADMIN, refresh, served
 
 pytestmark = pytest.mark.timeout(1200)  # the engine starts in 25-70 s on 2 idle cores, minutes when loaded
 
-ADMIN = "fleet-admin"
 IDS, MASK, LOSS, VOCAB = batch()
-
-
-async def refresh(srv, source, version) -> tuple[int, dict]:
-    body = json.dumps({"source": str(source), "version": version})
-    headers = {"Authorization": f"Bearer {ADMIN}"}
-    async with srv.http.post(f"{srv.url}/weights/refresh", data=body, headers=headers) as resp:
-        return resp.status, await resp.json()
-
-
-async def supervision(srv) -> tuple[str, dict[str, torch.Tensor]]:
-    async with srv.http.post(f"{srv.url}/generate", data=generate_body(IDS, MASK, LOSS)) as resp:
-        assert resp.status == 200, await resp.text()
-        return resp.headers[contract.TARGET_VERSION_HEADER], wire.decode(bytearray(await resp.read()))
 
 
 def assert_equal(got: dict, want: dict) -> None:
@@ -56,19 +41,19 @@ async def test_tensor_parallel_2_refreshes_in_place_as_the_hf_engine_computes_th
         await srv.wait_ready(timeout=900)
         mapping = vocab_body(VOCAB.selected_token_ids, VOCAB.selected_token_mask)
         assert (await srv.post("set_vocab_mapping", mapping)).status == 200
-        started, before = await supervision(srv)
+        started, before = await served(srv, IDS, MASK, LOSS)
         status, refused = await refresh(srv, other, "v-other")
         assert status == 400 and refused["error"] == "source_mismatch", refused
-        version, kept = await supervision(srv)
+        version, kept = await served(srv, IDS, MASK, LOSS)
         assert version == started
         assert_equal(kept, before)
         start = time.perf_counter()
         assert await refresh(srv, weights_b, "v-b") == (200, {"version": "v-b"})
         print(f"refreshed to B in {time.perf_counter() - start:.2f}s")
-        version, after = await supervision(srv)
+        version, after = await served(srv, IDS, MASK, LOSS)
         assert version == "v-b"
         assert await refresh(srv, order_one_dir, "v-a") == (200, {"version": "v-a"})
-        version, again = await supervision(srv)
+        version, again = await served(srv, IDS, MASK, LOSS)
         assert version == "v-a"
         assert_equal(again, before)
     hf = load_runner("hf", **{**options, "model": str(weights_b)})

@@ -1,9 +1,13 @@
-"""Shared by the vLLM tests: whether vLLM is here, the tiny Llama shape its CPU backend runs, the batches."""
+"""Shared by the vLLM tests: whether vLLM is here, the tiny Llama shape its CPU backend runs, the batches, and a
+replica's refresh and /generate as its refresh tests ask for them."""
 
 import importlib.util
+import json
 
 import torch
+from target_support import generate_body
 
+from eagle3_target.protocol import contract, wire
 from eagle3_target.protocol.supervision import VocabMapping, build_supervision
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
@@ -11,6 +15,7 @@ VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 VLLM_TINY = dict(num_attention_heads=2, num_key_value_heads=1)
 AUX_LAYER_IDS = [1, 3, 7]  # the last layer too: vLLM's deferred residual add must be undone there as well
 VOCAB = 512
+ADMIN = "fleet-admin"  # the refresh tests' --admin-token-file
 
 
 def draft_vocab(size: int, seed: int) -> VocabMapping:
@@ -42,3 +47,19 @@ BATCHES = {
 def supervision(runner, input_ids, attention_mask, loss_mask, vocab):
     logits, aux = runner.forward(input_ids, attention_mask)
     return build_supervision(logits, aux, input_ids, loss_mask, vocab or VocabMapping.identity(VOCAB))
+
+
+async def refresh(srv, source, version) -> tuple[int, dict]:
+    """POST /weights/refresh with the admin token: (status, JSON reply)."""
+    body = json.dumps({"source": str(source), "version": version})
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    async with srv.http.post(f"{srv.url}/weights/refresh", data=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def served(srv, input_ids, attention_mask, loss_mask) -> tuple[str, dict[str, torch.Tensor]]:
+    """(version header, decoded tensors) of one /generate."""
+    body = generate_body(input_ids, attention_mask, loss_mask)
+    async with srv.http.post(f"{srv.url}/generate", data=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return resp.headers[contract.TARGET_VERSION_HEADER], wire.decode(bytearray(await resp.read()))
