@@ -284,18 +284,25 @@ def llama_shape(hidden: int, layers: int) -> dict:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_shape(p: argparse.ArgumentParser, repeats: int, what: str) -> argparse.Namespace:
+    """The arguments of both refresh benches (this one and refresh_broadcast.py): the Llama's shape, how many
+    repeats, the servers' torch threads; --smoke is the embedded tiny shape, 2 repeats."""
     p.add_argument("--hidden-size", type=int, default=768)
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3, help="refreshes, and restarts, each")
-    p.add_argument("--threads", type=int, default=1, help="the servers' OMP_NUM_THREADS")
+    p.add_argument("--repeats", type=int, default=repeats, help=what)
+    p.add_argument("--threads", type=int, default=1, help="the servers' torch threads (OMP_NUM_THREADS)")
     p.add_argument(
         "--smoke", action="store_true", help="the embedded tiny shape (hidden 64, 8 layers), 2 repeats"
     )
     args = p.parse_args()
     if args.smoke:
         args.hidden_size, args.layers, args.repeats = 64, 8, 2
+    return args
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    args = parse_shape(p, 3, "refreshes, and restarts, each")
     shape = llama_shape(args.hidden_size, args.layers)
     with tempfile.TemporaryDirectory(prefix="refresh-bench-") as tmp:
         root = Path(tmp)

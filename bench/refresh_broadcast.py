@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from refresh import ADMIN, MB, TRAINER, Server, checkpoint, free_port, llama_shape, status
+from refresh import ADMIN, MB, TRAINER, Server, checkpoint, free_port, llama_shape, parse_shape, status
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -227,17 +227,8 @@ def main() -> None:
     if sys.argv[1:2] == ["--replica"]:
         return replica(*sys.argv[2:6])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden-size", type=int, default=768)
-    p.add_argument("--layers", type=int, default=8)
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5, help="raw broadcasts, and broadcast refreshes, each")
-    p.add_argument("--threads", type=int, default=1, help="the replicas' torch threads")
-    p.add_argument(
-        "--smoke", action="store_true", help="the embedded tiny shape (hidden 64, 8 layers), 2 repeats"
-    )
-    args = p.parse_args()
-    if args.smoke:
-        args.hidden_size, args.layers, args.repeats = 64, 8, 2
+    args = parse_shape(p, 5, "raw broadcasts, and broadcast refreshes, each")
     with tempfile.TemporaryDirectory(prefix="broadcast-bench-") as tmp:
         folders = {"a": Path(tmp) / "a", "b": Path(tmp) / "b"}
         size = checkpoint(folders["a"], 1, llama_shape(args.hidden_size, args.layers))
