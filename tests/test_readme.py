@@ -25,7 +25,9 @@ def readme_commands() -> list[str]:
 def test_readme_opens_with_serve_then_test_commands():
     serve, test = readme_commands()
     assert serve.startswith("pip install torch==2.13.0") and serve.endswith("eagle3-target serve")
-    assert test.startswith("pip install torch==2.13.0") and test.endswith("python -m pytest -q -n 2 --dist loadgroup")
+    assert test.startswith("pip install torch==2.13.0") and test.endswith(
+        "python -m pytest -q -n 2 --dist loadgroup"
+    )
 
 
 def test_ci_runs_the_readme_test_command_and_stops_when_it_fails():
