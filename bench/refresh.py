@@ -1,13 +1,15 @@
 """In-place weight refresh against a restart: how long `POST /weights/refresh` takes to serve new weights, and
 how much host memory it takes, beside what a restart of the same server costs, both measured in this run.
 
-One `eagle3-target serve --engine hf` (float32 on CPU, --threads torch threads, --admin-token-file) serves
-weights A; --repeats times it is refreshed from a local safetensors folder, to weights B and back to A, each
-under a new label. One baseline is a restart: a fresh `serve` of B in a process of its own, timed from its
-start to its first 200 on /health (imports, load, warm-up and the start-up version digest), --repeats times.
-The other is the bare copy: safetensors' `load_file` and `load_state_dict` of the same weights into a model
-this process holds, at the servers' threads. All read checkpoints the page cache already holds. Printed: the
-medians, `refresh/restart time` and `refresh/bare load time`.
+One `eagle3-target serve --engine hf` (on --device in --dtype, float32 on CPU by default; --threads torch
+threads; --admin-token-file) serves weights A; --repeats times it is refreshed from a local safetensors folder,
+to weights B and back to A, each under a new label. One baseline is a restart: a fresh `serve` of B in a
+process of its own, timed from its start to its first 200 on /health (imports, load, warm-up and the start-up
+version digest), --repeats times. The other is the bare copy: safetensors' `load_file` and `load_state_dict`
+of the same weights into a model this process holds on the same device in the same dtype, at the servers'
+threads (on CUDA, until the copies to the device are done). All read checkpoints the page cache already
+holds. Printed: the medians, `refresh/restart time` and `refresh/bare load time`. Memory is the host's: on a
+GPU the staged copy is host memory and the swap copies into the served tensors in place.
 
 Memory: the serving process's RSS (VmRSS of /proc/<pid>/status) before each refresh, and its peak during it
 (VmHWM, reset through /proc/<pid>/clear_refs just before), with how far its anonymous and file-backed
@@ -22,6 +24,7 @@ the default is about 200 MB of float32.
     python bench/refresh.py                               # hidden 768, 8 layers (~200 MB), 3 repeats
     python bench/refresh.py --hidden-size 1024 --layers 8 --repeats 5
     python bench/refresh.py --smoke                       # a seconds-long run at the embedded tiny shape
+    python bench/refresh.py --device cuda:0 --dtype bfloat16 --hidden-size 4096 --layers 8   # a lent GPU
 """
 
 from __future__ import annotations
@@ -82,14 +85,15 @@ def post(url: str, body: bytes, token: str, timeout: float = 600) -> tuple[dict,
 class Server:
     """`eagle3-target serve` of one folder in a process of its own, and its seconds from start to ready."""
 
-    def __init__(self, model: Path, tokens: Path, threads: int):
+    def __init__(self, model: Path, tokens: Path, args: argparse.Namespace):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "eagle3_target.cli", "--log-level", "WARNING", "serve", "--engine", "hf"]
-        cmd += ["--model", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--model", str(model), "--device", args.device, "--dtype", args.dtype]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--auth-token-file", str(tokens / "trainer"), "--admin-token-file", str(tokens / "admin")]
         start = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        self.proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
         self.ready_s = self._wait_ready(start)
 
     def _wait_ready(self, start: float) -> float:
@@ -188,7 +192,7 @@ def restarts(b: Path, tokens: Path, args) -> tuple[list[float], list[int], bytes
     """Each restart's seconds to ready and peak RSS, and the first one's /generate reply (weights B)."""
     seconds, peaks, reply = [], [], b""
     for _ in range(args.repeats):
-        server = Server(b, tokens, args.threads)
+        server = Server(b, tokens, args)
         try:
             seconds.append(server.ready_s)
             peaks.append(status(server.proc.pid)["VmHWM"])
@@ -201,7 +205,7 @@ def restarts(b: Path, tokens: Path, args) -> tuple[list[float], list[int], bytes
 def refreshes(folders: dict[str, Path], tokens: Path, args, expected_b: bytes):
     """The server of A refreshed --repeats times, to B and back to A, each checked under its new label:
     its version at start and (version, measures) of each refresh."""
-    server = Server(folders["a"], tokens, args.threads)
+    server = Server(folders["a"], tokens, args)
     try:
         started, reply_a = server.answer()
         expected = {"a": reply_a, "b": expected_b}
@@ -223,13 +227,16 @@ def bare_loads(folders: dict[str, Path], args) -> list[float]:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(folders["a"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folders["a"], dtype=getattr(torch, args.dtype))
+    model.to(args.device)
     seconds = []
     for i in range(args.repeats):
         files = sorted(folders["ba"[i % 2]].glob("*.safetensors"))
         start = time.perf_counter()
         tensors = {k: v for f in files for k, v in load_file(f).items()}
         result = model.load_state_dict(tensors, strict=False)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()  # the copies to the device are done, as the server's are when it answers
         seconds.append(time.perf_counter() - start)
         assert not result.unexpected_keys and len(result.missing_keys) <= 1, result  # a tied lm_head at most
     return seconds
@@ -291,10 +298,14 @@ def parse_shape(p: argparse.ArgumentParser, repeats: int, what: str) -> argparse
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--repeats", type=int, default=repeats, help=what)
     p.add_argument("--threads", type=int, default=1, help="the servers' torch threads (OMP_NUM_THREADS)")
+    p.add_argument("--device", default="cpu", help="the servers' torch device, e.g. cuda:0 (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
         "--smoke", action="store_true", help="the embedded tiny shape (hidden 64, 8 layers), 2 repeats"
     )
     args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
     if args.smoke:
         args.hidden_size, args.layers, args.repeats = 64, 8, 2
     return args
@@ -312,9 +323,9 @@ def main() -> None:
         size = checkpoint(folders["a"], 1, shape)
         checkpoint(folders["b"], 2, shape)
         print(
-            f"torch {torch.__version__}, server threads {args.threads}; Llama hidden {args.hidden_size}, "
-            f"{args.layers} layers, float32, {size / MB:.0f} MB of safetensors; {args.repeats} refreshes, "
-            f"{args.repeats} restarts"
+            f"torch {torch.__version__}, server threads {args.threads}, {args.device} {args.dtype}; Llama hidden "
+            f"{args.hidden_size}, {args.layers} layers, {size / MB:.0f} MB of float32 safetensors; "
+            f"{args.repeats} refreshes, {args.repeats} restarts"
         )
         restart_s, restart_peaks, expected_b = restarts(folders["b"], root, args)
         started, rows = refreshes(folders, root, args, expected_b)

@@ -275,3 +275,11 @@ def test_a_single_non_finite_value_anywhere_in_a_tensor_is_found(dtype, value):
             with pytest.raises(InvalidInput, match="source_corrupt|NaN or infinite"):
                 check_finite({"w": torch.zeros(3), "x": tensor}, "src")
     check_finite({"w": torch.randn(5).to(dtype), "empty": torch.empty(0, dtype=dtype)}, "src")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_finite_values_whose_sum_overflows_are_finite(dtype):
+    largest = torch.finfo(dtype).max
+    tensor = torch.full((64,), largest, dtype=dtype)
+    assert not torch.isfinite(tensor.sum())  # the quick proof fails, so the exact check decides
+    check_finite({"w": tensor, "v": -tensor}, "src")

@@ -64,12 +64,15 @@ def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
 
 
 def _finite(tensor: torch.Tensor) -> bool:
-    """No NaN or infinity: the least and greatest value are finite exactly when every value is (both propagate
-    NaN), and one reduction reads the tensor about ten times faster than isfinite().all() builds its mask."""
+    """No NaN or infinity. A finite sum proves it (NaN and infinities propagate through addition), and a sum
+    reads the tensor faster than any other reduction; only a sum that overflowed (or a bad tensor) is looked at
+    again, its least and greatest value being finite exactly when every value is."""
     if tensor.numel() == 0:
         return True
-    if tensor.dtype not in REDUCIBLE:  # float8, which neither aminmax nor isfinite takes: exact in bfloat16
+    if tensor.dtype not in REDUCIBLE:  # float8, which neither sum nor aminmax takes: exact in bfloat16
         return _finite(tensor.to(torch.bfloat16))
+    if torch.isfinite(tensor.sum()):
+        return True
     low, high = torch.aminmax(tensor)
     return bool(torch.isfinite(low) and torch.isfinite(high))
 
