@@ -108,7 +108,11 @@ class WeightRefresh:
             raise InvalidInput(
                 "refresh_not_offered", "a replica split over ranks refreshes from a checkpoint only"
             )
-        return runner, await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
+        return runner, await self.layout(runner)
+
+    async def layout(self, runner) -> Mapping:
+        """What a new set of weights must match: the weights ``runner`` holds, or their layout."""
+        return await self.model.call(getattr(runner, "served_layout", None) or runner.named_weights)
 
     def refused(self, version: str, source: str, exc: ServiceError) -> None:
         self.metrics.refreshes.labels("refused").inc()
@@ -134,7 +138,7 @@ class WeightRefresh:
                 await self.model.call(runner.drop_staged, ticket)
                 raise
             return ticket
-        _, served = await self.served()
+        served = await self.layout(runner)
         return await asyncio.to_thread(read_source, source, served, runner.info.config_digest)
 
     def _swap(self, runner, staged, version: str) -> None:
