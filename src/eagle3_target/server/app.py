@@ -124,7 +124,7 @@ class TargetServer:
             # (TimeoutError: --write-timeout). abort(), not close(): close() waits for a stalled
             # reader to drain. asyncio keeps exc in a reference cycle (a drain future and the
             # frames awaiting it), which would hold this response's tensors until the cyclic GC.
-            log.debug("%s %s: client went away mid-response: %r", request.method, request.path, exc)
+            log.debug("%s %r: client went away mid-response: %r", request.method, request.path, exc)
             if request.transport is not None:
                 request.transport.abort()
             _forget_traceback(exc)
@@ -220,7 +220,7 @@ class TargetServer:
         except TransferError as exc:
             # A 200 is already on the wire: write nothing more, drop the connection instead.
             log.warning(
-                "session %s: p2p send failed, closing the connection: %s", transfer.sg.session.id, exc
+                "session %r: p2p send failed, closing the connection: %s", transfer.sg.session.id, exc
             )
             request.protocol.force_close()
             return response

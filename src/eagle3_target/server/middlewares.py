@@ -147,7 +147,7 @@ async def _answer(request: web.Request, handler) -> web.StreamResponse:
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        log.exception("%s %s failed", request.method, request.path)
+        log.exception("%s %r failed", request.method, request.path)
         return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}", openai=openai)
 
 

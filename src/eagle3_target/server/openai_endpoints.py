@@ -65,7 +65,7 @@ class OpenAIEndpoints:
             async for piece in generation.pieces:
                 await response.write(reply.chunk(piece.text, piece.finish))
         except ServiceError as exc:  # the status is sent: the error goes as an event, as vLLM does
-            log.warning("%s: generation failed mid-stream: %s", request.path, exc.detail)
+            log.warning("%r: generation failed mid-stream: %s", request.path, exc.detail)
             await response.write(openai_replies.sse(openai_replies.error_body(400, exc.error, exc.detail)))
         finally:  # a client that left (the write raised) ends its generation now, not when it is collected
             await generation.pieces.aclose()

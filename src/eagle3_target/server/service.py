@@ -96,4 +96,4 @@ class TargetService:
         while True:
             await asyncio.sleep(period)
             for sid in self.sessions.expire():
-                log.info("session %s expired after %.0fs idle", sid, ttl)
+                log.info("session %r expired after %.0fs idle", sid, ttl)

@@ -47,7 +47,7 @@ class SessionEndpoints:
 
     def disconnect(self, session_id: str) -> None:
         if self.sessions.end(session_id):
-            log.info("session %s disconnected", session_id)
+            log.info("session %r disconnected", session_id)
         if self.options.exit_on_disconnect:
             log.info("--exit-on-disconnect: stopping after this response")
             asyncio.get_running_loop().call_soon(self.stopped.set)
@@ -75,7 +75,7 @@ class SessionEndpoints:
         ):
             # Header-less (NeMo) trainers on one node share this session: the last mapping wins for all.
             log.warning(
-                "session %s: a different vocab mapping replaces the current one; trainers sharing an "
+                "session %r: a different vocab mapping replaces the current one; trainers sharing an "
                 "address should each send %s",
                 session.id,
                 contract.SESSION_HEADER,

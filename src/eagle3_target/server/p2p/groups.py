@@ -72,12 +72,12 @@ class P2PGroups:
         nemo_order = port is not None and not authenticated  # NeMo joins while this request is open
         # "disabled" stays NeMo's exact reply; the reason goes to our log.
         if not self.options.enabled:
-            log.info("session %s: /init_nccl refused: --disable-p2p", session.id)
+            log.info("session %r: /init_nccl refused: --disable-p2p", session.id)
             return {"status": "disabled"}
         backend = backend_for(device)
         if asked != backend:
             log.info(
-                "session %s: /init_nccl refused: asked for %s, tensors on %s need %s",
+                "session %r: /init_nccl refused: asked for %r, tensors on %s need %s",
                 session.id,
                 asked,
                 device,
@@ -122,7 +122,7 @@ class P2PGroups:
         sg.start(sock, backend, self.options.rendezvous_timeout, device, self._rendezvous_failed)
         self._count()
         log.info(
-            "session %s: %s group %s listening on %s:%d", session.id, backend, group_name(port), address, port
+            "session %r: %s group %s listening on %s:%d", session.id, backend, group_name(port), address, port
         )
         reply = {
             "status": "ok",
@@ -153,10 +153,10 @@ class P2PGroups:
         if self.groups.get(sg.session.id) is not sg:
             return
         if isinstance(sg.failure, PeerRejected):
-            log.warning("session %s: rejected the peer on port %d: %s", sg.session.id, sg.port, sg.failure)
+            log.warning("session %r: rejected the peer on port %d: %s", sg.session.id, sg.port, sg.failure)
             self.teardown(sg.session, "peer_rejected")
         else:
-            log.warning("session %s: rendezvous failed: %s", sg.session.id, sg.failure)
+            log.warning("session %r: rendezvous failed: %s", sg.session.id, sg.failure)
             self.teardown(sg.session, "rendezvous_failed")
 
     def _released(self, port: int) -> None:
@@ -190,7 +190,7 @@ class P2PGroups:
                 yield None
             elif seq is not None and seq != sg.next_seq:
                 log.warning(
-                    "session %s: client expects transfer %d, next is %d", session.id, seq, sg.next_seq
+                    "session %r: client expects transfer %d, next is %d", session.id, seq, sg.next_seq
                 )
                 self.teardown(session, "sequence_mismatch")
                 yield None
@@ -203,7 +203,7 @@ class P2PGroups:
         sg = self.groups.pop(session.id, None)
         if sg is None:
             return
-        log.info("session %s: tearing down group %s (%s)", session.id, group_name(sg.port), reason)
+        log.info("session %r: tearing down group %s (%s)", session.id, group_name(sg.port), reason)
         sg.end()
         self.teardowns.labels(reason).inc()
         self._count()
