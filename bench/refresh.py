@@ -2,19 +2,22 @@
 how much host memory it takes, beside what a restart of the same server costs, both measured in this run.
 
 One `eagle3-target serve --engine hf` (on --device in --dtype, float32 on CPU by default; --threads torch
-threads; --admin-token-file) serves weights A; --repeats times it is refreshed from a local safetensors folder,
-to weights B and back to A, each under a new label. One baseline is a restart: a fresh `serve` of B in a
-process of its own, timed from its start to its first 200 on /health (imports, load, warm-up and the start-up
-version digest), --repeats times. The other is the bare copy: safetensors' `load_file` and `load_state_dict`
-of the same weights into a model this process holds on the same device in the same dtype, at the servers'
-threads (on CUDA, until the copies to the device are done). All read checkpoints the page cache already
-holds. Printed: the medians, `refresh/restart time` and `refresh/bare load time`. Memory is the host's: on a
-GPU the staged copy is host memory and the swap copies into the served tensors in place.
+threads; --admin-token-file) serves weights A; 2 x --repeats times it is refreshed from a local safetensors
+folder, to weights B and back to A, each under a new label: first --repeats times with its memory sampled
+("sampled" rows), then --repeats times timed with no sampler running ("refresh" rows: the medians are theirs;
+a thread reading /proc every 2 ms slows a refresh of tens of milliseconds by several). One baseline is a
+restart: a fresh `serve` of B in a process of its own, timed from its start to its first 200 on /health
+(imports, load, warm-up and the start-up version digest), --repeats times. The other is the bare copy:
+safetensors' `load_file` and `load_state_dict` of the same weights into a model this process holds on the same
+device in the same dtype, at the servers' threads (on CUDA, until the copies to the device are done). All read
+checkpoints the page cache already holds. Printed: the medians, `refresh/restart time` and `refresh/bare load
+time`. Memory is the host's: on a GPU the staged copy is host memory and the swap copies into the served
+tensors in place.
 
 Memory: the serving process's RSS (VmRSS of /proc/<pid>/status) before each refresh, and its peak during it
-(VmHWM, reset through /proc/<pid>/clear_refs just before), with how far its anonymous and file-backed
-parts rose (RssAnon, RssFile, sampled every 2 ms), as MB and as ratios to the RSS before and to the
-checkpoint's size on disk; also each restarted server's peak (VmHWM) when it became ready.
+(VmHWM, reset through /proc/<pid>/clear_refs just before), with how far its anonymous and file-backed parts
+rose in the sampled ones (RssAnon, RssFile, sampled every 2 ms), as MB and as ratios to the RSS before and to
+the checkpoint's size on disk; also each restarted server's peak (VmHWM) when it became ready.
 
 Correctness in passing: after each refresh /model_info's target_version is the new label, and a /generate
 answers under it with the bytes a fresh server of the same weights answers (the first restart's reply for B).
@@ -152,13 +155,14 @@ def sampled(pid: int) -> Iterator[dict[str, int]]:
         thread.join()
 
 
-def refresh(server: Server, source: Path, version: str) -> dict[str, float]:
-    """One timed refresh with the serving process's RSS before, its peak during and its RSS after."""
+def refresh(server: Server, source: Path, version: str, sample: bool) -> dict[str, float]:
+    """One refresh, timed, with the serving process's RSS before, its peak during and its RSS after; with
+    ``sample``, also how far its anonymous and file-backed parts rose (a sampler perturbs the timing)."""
     pid = server.proc.pid
     before = status(pid)
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS, so the peak is this refresh's
     body = json.dumps({"source": str(source), "version": version}).encode()
-    with sampled(pid) as parts:
+    with sampled(pid) if sample else contextlib.nullcontext({}) as parts:
         start = time.perf_counter()
         _, reply = post(server.url + "/weights/refresh", body, ADMIN)
         seconds = time.perf_counter() - start
@@ -203,17 +207,18 @@ def restarts(b: Path, tokens: Path, args) -> tuple[list[float], list[int], bytes
 
 
 def refreshes(folders: dict[str, Path], tokens: Path, args, expected_b: bytes):
-    """The server of A refreshed --repeats times, to B and back to A, each checked under its new label:
-    its version at start and (version, measures) of each refresh."""
+    """The server of A refreshed 2 x --repeats times, to B and back to A, each checked under its new label:
+    first --repeats with their memory sampled, then --repeats timed with no sampler running. Its version at
+    start, and (kind, version, measures) of each refresh."""
     server = Server(folders["a"], tokens, args)
     try:
         started, reply_a = server.answer()
         expected = {"a": reply_a, "b": expected_b}
         rows = []
-        for i in range(args.repeats):
-            name = "ba"[i % 2]
+        for i in range(2 * args.repeats):
+            name, kind = "ba"[i % 2], "sampled" if i < args.repeats else "refresh"
             version = f"weights-{name}-{i + 1}"
-            rows.append((version, refresh(server, folders[name], version)))
+            rows.append((kind, version, refresh(server, folders[name], version, sample=kind == "sampled")))
             check(server, version, expected[name])
         return started, rows
     finally:
@@ -252,26 +257,28 @@ def table_row(cells: list[str]) -> str:
 
 
 def report(
-    rows: list[tuple[str, dict]],
+    rows: list[tuple[str, str, dict]],
     restart_s: list[float],
     restart_peaks: list[int],
     size: int,
     bare: list[float],
 ) -> None:
-    med = {key: statistics.median(r[key] for _, r in rows) for key in rows[0][1]}
+    timed = [r for kind, _, r in rows if kind == "refresh"]
+    med = {key: statistics.median(r[key] for r in timed) for key in timed[0]}
     restart, restart_peak = statistics.median(restart_s), statistics.median(restart_peaks)
     columns = ["run", "seconds", "RSS MB", "peak MB", "after MB", "+anon MB", "+file MB", "version"]
     print(table_row(columns))
-    for version, r in rows:
-        mb = [f"{r[key] / MB:.0f}" for key in ("before", "peak", "after", "+RssAnon", "+RssFile")]
-        print(table_row(["refresh", f"{r['s']:.2f}", *mb, version]))
+    for kind, version, r in rows:
+        keys = ("before", "peak", "after", "+RssAnon", "+RssFile")
+        mb = [f"{r[key] / MB:.0f}" if key in r else "" for key in keys]
+        print(table_row([kind, f"{r['s']:.2f}", *mb, version]))
     for s, peak in zip(restart_s, restart_peaks, strict=True):
         print(table_row(["restart", f"{s:.2f}", "", f"{peak / MB:.0f}"]))
     grown = med["peak"] - med["before"]
     print(f"checkpoint: {size / MB:.0f} MB")
-    print(f"median refresh: {med['s']:.2f} s, median restart: {restart:.2f} s")
+    print(f"median refresh: {med['s']:.3f} s, median restart: {restart:.2f} s")
     print(f"refresh/restart time: {med['s'] / restart:.3f}")
-    print(f"median bare load_file + load_state_dict: {statistics.median(bare):.2f} s")
+    print(f"median bare load_file + load_state_dict: {statistics.median(bare):.3f} s")
     print(f"refresh/bare load time: {med['s'] / statistics.median(bare):.2f}")
     print(f"refresh peak/serving RSS: {med['peak'] / med['before']:.2f}")
     print(f"refresh peak - serving RSS: {grown / MB:.0f} MB = {grown / size:.2f} x the checkpoint")
@@ -325,7 +332,7 @@ def main() -> None:
         print(
             f"torch {torch.__version__}, server threads {args.threads}, {args.device} {args.dtype}; Llama hidden "
             f"{args.hidden_size}, {args.layers} layers, {size / MB:.0f} MB of float32 safetensors; "
-            f"{args.repeats} refreshes, {args.repeats} restarts"
+            f"{2 * args.repeats} refreshes ({args.repeats} sampled, {args.repeats} timed), {args.repeats} restarts"
         )
         restart_s, restart_peaks, expected_b = restarts(folders["b"], root, args)
         started, rows = refreshes(folders, root, args, expected_b)

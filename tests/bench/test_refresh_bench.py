@@ -16,7 +16,7 @@ def test_refresh_bench_runs_and_reports_the_ratios():
     assert all(float(seconds) > 0 for _, seconds, *_ in refreshes + restarts)
     started = next(line.split(": ")[1] for line in lines if line.startswith("started as: "))
     assert started.startswith("sha256-")
-    assert [row[-1] for row in refreshes] == ["weights-b-1", "weights-a-2"]
+    assert [row[-1] for row in refreshes] == ["weights-b-3", "weights-a-4"]  # after two sampled ones
     ratios = dict(line.split(": ") for line in lines if line.startswith(("refresh/", "refresh peak/")))
     assert float(ratios["refresh/restart time"]) > 0 and float(ratios["refresh/bare load time"]) > 0
     assert float(ratios["refresh peak/serving RSS"]) >= 1
