@@ -1,6 +1,7 @@
 """Where refreshed weights come from: a checkpoint folder in Hugging Face's safetensors layout, on a local
-path or under s3://. It is read whole into host memory and checked against the weights that serve before
-anything that serves is touched (refresh.py); every failure is an InvalidInput naming what is wrong."""
+path or under s3://. Its headers are checked against the weights that serve, then its tensors are read into
+host memory of their own and checked for NaN (checkpoint_read.py), all before anything that serves is touched
+(refresh.py); every failure is an InvalidInput naming what is wrong."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from eagle3_target.protocol.model_info import config_digest, defining_config
 
+from .checkpoint_read import Entry, finite, read_header, read_tensor
 from .errors import InvalidInput
 
 S3 = "s3://"
@@ -46,35 +47,20 @@ def read_folder(
     if (folder / "config.json").is_file():
         _check_config(folder, digest, source)
     try:
-        check_layout(_layout(files), served, source)
-        tensors = {name: t for f in files for name, t in _tensors(f, parts)}
-    except (SafetensorError, OSError) as exc:
+        headers = {path: read_header(path, f"{source}/{path.name}") for path in files}
+        check_layout(_layout(headers), served, source)
+        return {
+            name: t for path, header in headers.items() for name, t in _tensors(path, header, source, parts)
+        }
+    except OSError as exc:
         raise InvalidInput("source_corrupt", f"{source}: cannot read it: {_line(exc)}") from None
-    check_finite(tensors, source)
-    return tensors
-
-
-REDUCIBLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # the floating dtypes aminmax takes
 
 
 def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    bad = [n for n, t in tensors.items() if t.is_floating_point() and not _finite(t)]
+    """Tensors that came whole (a broadcast): InvalidInput naming those that hold NaN or infinities."""
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not finite(t)]
     if bad:
         raise InvalidInput("source_corrupt", f"{source}: {_some(bad)} hold NaN or infinite values")
-
-
-def _finite(tensor: torch.Tensor) -> bool:
-    """No NaN or infinity. A finite sum proves it (NaN and infinities propagate through addition), and a sum
-    reads the tensor faster than any other reduction; only a sum that overflowed (or a bad tensor) is looked at
-    again, its least and greatest value being finite exactly when every value is."""
-    if tensor.numel() == 0:
-        return True
-    if tensor.dtype not in REDUCIBLE:  # float8, which neither sum nor aminmax takes: exact in bfloat16
-        return _finite(tensor.to(torch.bfloat16))
-    if torch.isfinite(tensor.sum()):
-        return True
-    low, high = torch.aminmax(tensor)
-    return bool(torch.isfinite(low) and torch.isfinite(high))
 
 
 def _check_config(folder: Path, digest: str, source: str) -> None:
@@ -92,16 +78,14 @@ def _check_config(folder: Path, digest: str, source: str) -> None:
         )
 
 
-def _layout(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]]:
+def _layout(headers: Mapping[Path, Mapping[str, Entry]]) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every tensor's shape and dtype from the files' headers: nothing of the data is read yet."""
     layout: dict[str, tuple[tuple[int, ...], str]] = {}
-    for path in files:
-        with safe_open(path, framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
-                if name in layout:
-                    raise InvalidInput("source_corrupt", f"tensor {name!r} is in two files")
-                piece = fh.get_slice(name)
-                layout[name] = (tuple(piece.get_shape()), piece.get_dtype())
+    for header in headers.values():
+        for name, entry in header.items():
+            if name in layout:
+                raise InvalidInput("source_corrupt", f"tensor {name!r} is in two files")
+            layout[name] = (entry.shape, entry.kind)
     return layout
 
 
@@ -125,13 +109,13 @@ def check_layout(layout: Mapping[str, tuple], served: Mapping[str, torch.Tensor]
             raise InvalidInput("source_mismatch", f"{source}: {name} is {dtype}, the served one {want.dtype}")
 
 
-def _tensors(path: Path, parts: Parts | None):
-    with safe_open(path, framework="pt") as fh:
-        for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
-            if parts is not None and name not in parts:
-                continue  # another rank's
-            block = None if parts is None else parts[name]
-            yield name, fh.get_tensor(name) if block is None else fh.get_slice(name)[block]
+def _tensors(path: Path, header: Mapping[str, Entry], source: str, parts: Parts | None):
+    """Each tensor of ``path`` this process reads (all, or those of ``parts``, each its block), in file order."""
+    with open(path, "rb", buffering=0) as fh:
+        for name, entry in sorted(header.items(), key=lambda item: item[1].start):
+            if parts is None or name in parts:  # else another rank's
+                block = None if parts is None else parts[name]
+                yield name, read_tensor(fh.fileno(), entry, block, f"{source}: {name}")
 
 
 def download(source: str, folder: Path) -> Path:

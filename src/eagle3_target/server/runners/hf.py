@@ -31,7 +31,7 @@ from .base import (
 )
 from .hf_generate import HFDecoding, eos_token_ids
 from .hf_vlm import embedding_output_point, image_spec, load_pretrained, modalities
-from .hf_weights import checkpoint_tensors, copy_into
+from .hf_weights import checkpoint_tensors, swap_in
 from .hooks import Stop, keep, keep_input
 from .packing import block_causal_mask
 
@@ -223,8 +223,8 @@ class HFRunner(FinalHiddenRunner):
         return checkpoint_tensors(self.model)
 
     def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """In place, on the model thread between forwards: ``tensors`` are checked against named_weights."""
-        copy_into(self.named_weights(), tensors)
+        """On the model thread between forwards: ``tensors`` are checked against named_weights."""
+        swap_in(self.model, tensors)
 
     def served_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """A split replica's refresh on this rank (rank_refresh.py): the whole model's layout, which a source

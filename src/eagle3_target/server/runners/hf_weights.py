@@ -1,5 +1,5 @@
-"""A transformers model's weights as a checkpoint names them, and new values copied into them in place
-(refresh.py stages and checks the new values first, so the copy cannot fail halfway)."""
+"""A transformers model's weights as a checkpoint names them, and new values served in their place
+(refresh.py stages and checks the new values first, so the swap cannot fail halfway)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
+from ..checkpoint_read import read_header
 from ..errors import InvalidInput
 
 
@@ -26,23 +26,17 @@ def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def copy_into(served: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> None:
-    """Each new value into the served tensor of its name, in its dtype and on its device."""
+def swap_in(model: nn.Module, new: Mapping[str, torch.Tensor]) -> None:
+    """Each new value served under its checkpoint name. One already of the served tensor's dtype, device and
+    shape becomes the served tensor's storage (double-buffered: the old storage is freed with its last
+    reference, nothing is copied); any other is copied into the served tensor (a GPU's weights, from host)."""
+    held = model.state_dict(keep_vars=True)  # the parameters and buffers themselves, not views of them
     for name, tensor in new.items():
-        served[name].copy_(tensor)
-
-
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "BOOL": torch.bool,
-}
+        served = held[name]
+        if (tensor.dtype, tensor.device, tensor.shape) == (served.dtype, served.device, served.shape):
+            served.data = tensor
+        else:
+            served.copy_(tensor)
 
 
 def file_layout(folder: str, engine: str) -> dict[str, torch.Tensor]:
@@ -54,11 +48,8 @@ def file_layout(folder: str, engine: str) -> dict[str, torch.Tensor]:
             "refresh_not_offered",
             f"the {engine} engine refreshes a model it loaded from a local folder of safetensors, not {folder}",
         )
-    layout = {}
-    for path in files:
-        with safe_open(path, framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
-                piece = fh.get_slice(name)
-                dtype = SAFETENSORS_DTYPES.get(piece.get_dtype(), torch.uint8)
-                layout[name] = torch.empty(piece.get_shape(), dtype=dtype, device="meta")
-    return layout
+    return {
+        name: torch.empty(entry.shape, dtype=entry.dtype, device="meta")
+        for path in files
+        for name, entry in read_header(path, str(path)).items()
+    }
