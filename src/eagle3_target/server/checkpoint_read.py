@@ -64,7 +64,9 @@ def read_header(path: Path, label: str) -> dict[str, Entry]:
     named it) when the header is not one safetensors writes or points outside the file."""
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        length = int.from_bytes(fh.read(8), "little") if size >= 8 else -1
+        if size < 8:
+            raise corrupt(label, f"a file of {size} bytes holds no header")
+        length = int.from_bytes(fh.read(8), "little")
         if not 0 < length <= min(HEADER_LIMIT, size - 8):
             raise corrupt(label, f"a header of {length} bytes in a file of {size}")
         try:
