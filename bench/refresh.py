@@ -24,7 +24,7 @@ answers under it with the bytes a fresh server of the same weights answers (the 
 The model is a Llama of the embedded tiny one's build (`build_tiny_llama`) at --hidden-size, --layers;
 the default is about 200 MB of float32.
 
-    python bench/refresh.py                               # hidden 768, 8 layers (~200 MB), 3 repeats
+    python bench/refresh.py                               # hidden 768, 8 layers (~200 MB), 5 repeats
     python bench/refresh.py --hidden-size 1024 --layers 8 --repeats 5
     python bench/refresh.py --smoke                       # a seconds-long run at the embedded tiny shape
     python bench/refresh.py --device cuda:0 --dtype bfloat16 --hidden-size 4096 --layers 8   # a lent GPU
@@ -320,7 +320,7 @@ def parse_shape(p: argparse.ArgumentParser, repeats: int, what: str) -> argparse
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    args = parse_shape(p, 3, "refreshes, and restarts, each")
+    args = parse_shape(p, 5, "refreshes, and restarts, each")
     shape = llama_shape(args.hidden_size, args.layers)
     with tempfile.TemporaryDirectory(prefix="refresh-bench-") as tmp:
         root = Path(tmp)

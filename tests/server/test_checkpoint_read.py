@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from eagle3_target.server.checkpoint_read import CHUNK, read_header, read_tensor
+from eagle3_target.server import checkpoint_read
+from eagle3_target.server.checkpoint_read import ALIGN, CHUNK, HUGE, PIECE, Arena, read_file, read_header
 from eagle3_target.server.errors import InvalidInput
 from eagle3_target.server.runners.hf_weights import checkpoint_tensors, swap_in
 from eagle3_target.server.runners.tiny import build_tiny_llama
@@ -29,9 +31,7 @@ def saved(tmp_path, tensors: dict[str, torch.Tensor]):
 
 
 def read_one(path, name: str, block=None) -> torch.Tensor:
-    header = read_header(path, "src")
-    with open(path, "rb", buffering=0) as fh:
-        return read_tensor(fh.fileno(), header[name], block, f"src: {name}")
+    return read_file(path, read_header(path, "src"), {name: block}, "src")[name]
 
 
 def test_staged_weights_stay_as_read_when_the_file_is_rewritten_in_place_or_cut_short(tmp_path):
@@ -50,8 +50,8 @@ def test_a_file_cut_short_after_its_header_was_read_is_refused(tmp_path):
     path = saved(tmp_path, {"w": torch.randn(BIG)})
     header = read_header(path, "src")
     os.truncate(path, path.stat().st_size - 4 * 1000)
-    with open(path, "rb", buffering=0) as fh, pytest.raises(InvalidInput) as refused:
-        read_tensor(fh.fileno(), header["w"], None, "src: w")
+    with pytest.raises(InvalidInput) as refused:
+        read_file(path, header, None, "src")
     assert refused.value.error == "source_corrupt"
     assert str(refused.value.detail) == "src: w: the file ends before this tensor does"
 
@@ -121,6 +121,36 @@ def test_every_non_finite_value_is_found_in_whichever_chunk_it_lies(tmp_path, dt
             read_one(saved(tmp_path, {"w": bad}), "w")
 
 
+def test_pieces_read_at_once_make_the_whole_and_the_first_refusal_in_file_order_is_raised(tmp_path):
+    per_piece = PIECE // 4
+    tensors = {"a": torch.randn(2 * per_piece + 3), "b": torch.randn(per_piece), "c": torch.randn(7)}
+    path = saved(tmp_path, tensors)
+    whole = read_file(path, read_header(path, "src"), None, "src")
+    assert all(torch.equal(whole[k], v) for k, v in tensors.items())
+    rows = torch.randn(3 * per_piece // 16 + 5, 16)  # a block of rows spanning several pieces
+    block = (slice(per_piece // 16 - 1, rows.shape[0]), slice(0, 16))
+    assert torch.equal(read_one(saved(tmp_path, {"w": rows}), "w", block), rows[block])
+    tensors["a"][per_piece + 1] = tensors["c"][0] = float("nan")  # a's second piece, and c, later in the file
+    path = saved(tmp_path, tensors)
+    for _ in range(5):
+        with pytest.raises(InvalidInput, match=r"^src: a: it holds NaN"):
+            read_file(path, read_header(path, "src"), None, "src")
+        assert not [t for t in threading.enumerate() if t.name.startswith("refresh-read")]  # none reads on
+
+
+def test_after_a_refusal_the_pieces_not_yet_started_never_start(tmp_path, monkeypatch):
+    bad = torch.randn(1 << 20)
+    bad[0] = float("nan")
+    path = saved(tmp_path, {"w": bad})
+    monkeypatch.setattr(checkpoint_read, "PIECE", 16 << 10)  # 256 pieces
+    started = []
+    read_into = checkpoint_read.read_into
+    monkeypatch.setattr(checkpoint_read, "read_into", lambda *args: started.append(1) or read_into(*args))
+    with pytest.raises(InvalidInput, match="NaN"):
+        read_file(path, read_header(path, "src"), None, "src")
+    assert len(started) < 64
+
+
 def test_a_block_is_read_and_checked_as_its_rank_holds_it(tmp_path):
     whole = torch.randn(6, 8)
     whole[:, 4:] = float("nan")  # only in the columns another rank holds
@@ -131,6 +161,21 @@ def test_a_block_is_read_and_checked_as_its_rank_holds_it(tmp_path):
         read_one(path, "w", (slice(0, 6), slice(4, 8)))
     rows = torch.randn(6, 8)
     assert torch.equal(read_one(saved(tmp_path, {"w": rows}), "w", (slice(2, 5), slice(0, 8))), rows[2:5])
+
+
+def test_a_files_tensors_are_carved_from_one_arena_that_begins_on_a_huge_page(tmp_path):
+    tensors = {"a": torch.randn(BIG), "b": torch.randn(3), "c": torch.arange(5), "d": torch.randn(2, 7).half()}
+    saved(tmp_path, tensors)
+    staged = read_source(str(tmp_path), tensors, digest="")
+    assert all(torch.equal(staged[k], v) for k, v in tensors.items())
+    storages = {t.untyped_storage().data_ptr() for t in staged.values()}
+    assert len(storages) == 1  # one mapping, whose first tensor begins on a huge page's boundary
+    assert min(t.data_ptr() for t in staged.values()) % HUGE == 0
+    assert all(t.data_ptr() % ALIGN == 0 and t.is_contiguous() for t in staged.values())
+    arena = Arena(Arena.size([((3,), torch.float32)]))
+    arena.take((3,), torch.float32)
+    with pytest.raises(ValueError, match="no room"):
+        arena.take((1,), torch.uint8)
 
 
 def test_the_swap_serves_the_staged_tensors_themselves_and_copies_across_dtypes(tmp_path):

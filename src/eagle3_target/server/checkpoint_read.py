@@ -4,16 +4,19 @@ Read, not mapped as safetensors' own loader maps it: a mapped file rewritten in 
 checkpoint into the same folder) would change weights already checked, and one truncated or lost (a network
 volume) would kill the process with SIGBUS. Read with ``preadv`` into fresh memory, a short read or an I/O error
 is a refusal like any other. Each tensor comes in chunks of 1 MiB, each checked while it is still in the CPU's
-cache, so the check adds almost no memory traffic. Tensors of 2 MiB or more land in memory advised for
-transparent huge pages: faulting fresh memory in 4 KiB pages costs several times the read itself.
+cache, so the check adds almost no memory traffic; a few threads read pieces of a file at once. The tensors of a file land in one arena of memory advised for
+transparent huge pages (``Arena``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
 import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +26,10 @@ from .errors import InvalidInput
 
 HEADER_LIMIT = 100 << 20  # safetensors' own bound on a header
 CHUNK = 1 << 20
-HUGE = 2 << 20
+HUGE = 2 << 20  # a transparent huge page
+PIECE = 8 << 20  # what one reader thread reads at a time
+READERS = min(4, os.cpu_count() or 1)
+ALIGN = 64
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -42,6 +48,11 @@ SAFETENSORS_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+# What a process reads of a tensor: all of it, or a block (one slice per dimension, as a rank of a split
+# replica holds it); and what it reads of a checkpoint, by tensor name (None: all of every tensor)
+Block = tuple[slice, ...] | None
+Parts = Mapping[str, Block]
+
 NOT_FINITE = "it holds NaN or infinite values"
 REDUCIBLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # the floating dtypes aminmax takes
 
@@ -98,31 +109,72 @@ def entry(name: str, spec, base: int, size: int, label: str) -> Entry:
     return Entry(spec["dtype"], tuple(shape), base + begin)
 
 
-def read_tensor(fd: int, entry: Entry, block: tuple[slice, ...] | None, label: str) -> torch.Tensor:
-    """``entry`` from the open file ``fd`` into memory of its own, checked: all of it, or only ``block`` (one
-    slice per dimension, as a rank of a split replica holds it). A block of some columns reads the whole rows
-    it spans and checks only its own columns, as the rank that holds the others checks theirs."""
-    if not block:
-        return read_bytes(fd, entry.start, entry.shape, entry.dtype, label)
-    rows, rest = block[0], block[1:]
-    row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
-    shape = (rows.stop - rows.start, *entry.shape[1:])
-    offset = entry.start + rows.start * row_bytes
-    if all(s.start == 0 and s.stop == n for s, n in zip(rest, entry.shape[1:], strict=True)):
-        return read_bytes(fd, offset, shape, entry.dtype, label)
-    rows_read = read_bytes(fd, offset, shape, entry.dtype, label, check=False)
-    held = rows_read[(slice(None), *rest)].clone(memory_format=torch.contiguous_format)
-    if held.is_floating_point() and not finite(held):
-        raise corrupt(label, NOT_FINITE)
+def read_file(
+    path: Path, header: Mapping[str, Entry], parts: Parts | None, source: str
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` this process holds (all, or those of ``parts``, each only its block) by name,
+    read and checked into one arena of the file's, by up to READERS threads a piece at a time: one thread
+    reading a page-cache-warm checkpoint spends as long faulting in fresh memory as copying into it. The
+    first refusal in file order is raised once the pieces already running end; the others never start."""
+    wanted = [
+        (name, entry, None if parts is None else parts[name])
+        for name, entry in sorted(header.items(), key=lambda item: item[1].start)
+        if parts is None or name in parts  # else another rank's
+    ]
+    shapes = {name: (held_shape(entry, block), entry.dtype) for name, entry, block in wanted}
+    arena = Arena(Arena.size(shapes.values()))
+    held = {name: arena.take(*shape) for name, shape in shapes.items()}
+    with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(READERS, "refresh-read") as pool:
+        jobs = [
+            pool.submit(piece)
+            for name, entry, block in wanted
+            for piece in pieces(fh.fileno(), entry, block, f"{source}: {name}", held[name])
+        ]
+        try:
+            for job in jobs:
+                job.result()
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
     return held
 
 
-def read_bytes(
-    fd: int, offset: int, shape: tuple[int, ...], dtype: torch.dtype, label: str, check: bool = True
-) -> torch.Tensor:
-    """A tensor of ``shape`` and ``dtype`` read from ``offset`` of ``fd``, a chunk at a time; with ``check``,
-    each floating chunk checked finite as soon as it is in."""
-    tensor = host_empty(shape, dtype)
+def held_shape(entry: Entry, block: Block) -> tuple[int, ...]:
+    """The shape of what a process holds of ``entry``: all of it, or ``block`` of it."""
+    return entry.shape if not block else tuple(s.stop - s.start for s in block)
+
+
+def pieces(fd: int, entry: Entry, block: Block, label: str, into: torch.Tensor) -> list[Callable[[], object]]:
+    """What reads ``entry`` from the open file ``fd`` into ``into`` and checks it, as pieces that may run at
+    once: all of it, or ``block`` (one slice per dimension, as a rank of a split replica holds it). A block of
+    some columns is one piece, which reads the whole rows it spans and checks only its own columns, as the rank
+    that holds the others checks theirs."""
+    offset = entry.start
+    if block:
+        offset += block[0].start * nbytes(entry.shape[1:], entry.dtype)
+        if not all(s.start == 0 and s.stop == n for s, n in zip(block[1:], entry.shape[1:], strict=True)):
+            return [functools.partial(read_columns, fd, offset, entry, block, label, into)]
+    flat, step = into.view(-1), PIECE // into.itemsize
+    return [
+        functools.partial(read_into, fd, offset + start * into.itemsize, flat[start : start + step], label)
+        for start in range(0, flat.numel(), step)
+    ]
+
+
+def read_columns(
+    fd: int, offset: int, entry: Entry, block: tuple[slice, ...], label: str, into: torch.Tensor
+):
+    spanned = (block[0].stop - block[0].start, *entry.shape[1:])
+    rows = Arena(nbytes(spanned, entry.dtype)).take(spanned, entry.dtype)
+    read_into(fd, offset, rows, label, check=False)
+    into.copy_(rows[(slice(None), *block[1:])])
+    if into.is_floating_point() and not finite(into):
+        raise corrupt(label, NOT_FINITE)
+
+
+def read_into(fd: int, offset: int, tensor: torch.Tensor, label: str, check: bool = True) -> torch.Tensor:
+    """``tensor`` (contiguous) filled from ``offset`` of ``fd``, a chunk at a time; with ``check``, each
+    floating chunk checked finite as soon as it is in."""
     flat = tensor.view(-1)
     raw = memoryview(flat.view(torch.uint8).numpy())
     done = checked = 0
@@ -131,21 +183,50 @@ def read_bytes(
         if got == 0:
             raise corrupt(label, "the file ends before this tensor does")
         done += got
-        whole = done // dtype.itemsize
-        if check and dtype.is_floating_point and not finite(flat[checked:whole]):
+        whole = done // tensor.itemsize
+        if check and tensor.is_floating_point() and not finite(flat[checked:whole]):
             raise corrupt(label, NOT_FINITE)
         checked = whole
     return tensor
 
 
-def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Uninitialised host memory for a tensor, of its own; from 2 MiB on, advised for huge pages."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape, dtype=dtype)
-    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    area.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(area, dtype=torch.uint8).view(dtype).view(shape)
+def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+class Arena:
+    """Host memory of the process's own for the tensors one file gives it: one anonymous private mapping that
+    begins on a 2 MiB boundary, advised for transparent huge pages, the tensors carved from it in turn.
+    Faulting fresh memory in 4 KiB pages costs several times the read itself, and tensors of a few MiB
+    mapped apart are too small or too unaligned for huge pages. The mapping lives while any tensor carved
+    from it does (each holds its storage): once they serve, until the next refresh replaces them."""
+
+    def __init__(self, size: int):
+        area = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            area.madvise(mmap.MADV_HUGEPAGE)
+        whole = torch.frombuffer(area, dtype=torch.uint8)
+        begin = -whole.data_ptr() % HUGE  # untouched, the pages before it are never faulted in
+        self.free, self.used = whole[begin : begin + size], 0
+
+    @staticmethod
+    def size(shapes: Iterable[tuple[tuple[int, ...], torch.dtype]]) -> int:
+        """The bytes an arena needs for tensors of these shapes and dtypes."""
+        return sum(aligned(nbytes(shape, dtype)) for shape, dtype in shapes)
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The next uninitialised tensor of ``shape`` and ``dtype``."""
+        size = nbytes(shape, dtype)
+        if self.used + size > len(self.free):
+            raise ValueError(f"an arena of {len(self.free)} bytes has no room for {size} more")
+        piece = self.free[self.used : self.used + size]
+        self.used += aligned(size)
+        return piece.view(dtype).view(shape)
+
+
+def aligned(size: int) -> int:
+    """``size`` rounded up to a cache line, where every tensor of an arena begins."""
+    return -(-size // ALIGN) * ALIGN
 
 
 def finite(tensor: torch.Tensor) -> bool:

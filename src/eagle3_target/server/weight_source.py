@@ -13,15 +13,11 @@ import torch
 
 from eagle3_target.protocol.model_info import config_digest, defining_config
 
-from .checkpoint_read import Entry, finite, read_header, read_tensor
+from .checkpoint_read import Entry, Parts, finite, read_file, read_header
 from .errors import InvalidInput
 
 S3 = "s3://"
 KEPT_SUFFIXES = (".safetensors", ".json")  # the weights, config.json and the shard index
-
-
-# What a rank of a split replica reads of each tensor it holds: a block (one slice per dimension), or all of it
-Parts = Mapping[str, tuple[slice, ...] | None]
 
 
 def read_source(
@@ -50,7 +46,9 @@ def read_folder(
         headers = {path: read_header(path, f"{source}/{path.name}") for path in files}
         check_layout(_layout(headers), served, source)
         return {
-            name: t for path, header in headers.items() for name, t in _tensors(path, header, source, parts)
+            name: t
+            for path, header in headers.items()
+            for name, t in read_file(path, header, parts, source).items()
         }
     except OSError as exc:
         raise InvalidInput("source_corrupt", f"{source}: cannot read it: {_line(exc)}") from None
@@ -107,15 +105,6 @@ def check_layout(layout: Mapping[str, tuple], served: Mapping[str, torch.Tensor]
             )
         if dtype.startswith(("F", "BF")) != want.is_floating_point():
             raise InvalidInput("source_mismatch", f"{source}: {name} is {dtype}, the served one {want.dtype}")
-
-
-def _tensors(path: Path, header: Mapping[str, Entry], source: str, parts: Parts | None):
-    """Each tensor of ``path`` this process reads (all, or those of ``parts``, each its block), in file order."""
-    with open(path, "rb", buffering=0) as fh:
-        for name, entry in sorted(header.items(), key=lambda item: item[1].start):
-            if parts is None or name in parts:  # else another rank's
-                block = None if parts is None else parts[name]
-                yield name, read_tensor(fh.fileno(), entry, block, f"{source}: {name}")
 
 
 def download(source: str, folder: Path) -> Path:
