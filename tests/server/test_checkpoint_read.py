@@ -164,7 +164,12 @@ def test_a_block_is_read_and_checked_as_its_rank_holds_it(tmp_path):
 
 
 def test_a_files_tensors_are_carved_from_one_arena_that_begins_on_a_huge_page(tmp_path):
-    tensors = {"a": torch.randn(BIG), "b": torch.randn(3), "c": torch.arange(5), "d": torch.randn(2, 7).half()}
+    tensors = {
+        "a": torch.randn(BIG),
+        "b": torch.randn(3),
+        "c": torch.arange(5),
+        "d": torch.randn(2, 7).half(),
+    }
     saved(tmp_path, tensors)
     staged = read_source(str(tmp_path), tensors, digest="")
     assert all(torch.equal(staged[k], v) for k, v in tensors.items())
