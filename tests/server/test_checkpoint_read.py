@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from eagle3_target.server import checkpoint_read
 from eagle3_target.server.checkpoint_read import ALIGN, CHUNK, HUGE, PIECE, Arena, read_file, read_header
 from eagle3_target.server.errors import InvalidInput
-from eagle3_target.server.runners.hf_weights import checkpoint_tensors, swap_in
+from eagle3_target.server.runners.hf_weights import checkpoint_tensors, file_layout, swap_in
 from eagle3_target.server.runners.tiny import build_tiny_llama
 from eagle3_target.server.weight_source import read_source
 
@@ -76,6 +76,8 @@ HOSTILE = {
     "nested deep": (b"[" * 100_000, None),
     "an entry not an object": (json.dumps({"w": 3}).encode(), None),
     "an unknown dtype": (entry(dtype="F4"), None),
+    "a dtype that is a list": (entry(dtype=["F32"]), None),
+    "a dtype of a megabyte": (entry(dtype="F" * (1 << 20)), None),
     "a negative dimension": (entry(shape=[-4]), None),
     "a boolean dimension": (entry(shape=[True, 4]), None),
     "three offsets": (entry(data_offsets=[0, 8, 16]), None),
@@ -97,6 +99,7 @@ def test_a_hostile_header_is_a_one_line_refusal(tmp_path, case):
         read_header(path, "src/model.safetensors")
     assert refused.value.error == "source_corrupt"
     assert refused.value.detail.startswith("src/model.safetensors: ") and "\n" not in refused.value.detail
+    assert len(refused.value.detail) < 300
 
 
 @settings(max_examples=300, deadline=None)
@@ -194,3 +197,18 @@ def test_the_swap_serves_the_staged_tensors_themselves_and_copies_across_dtypes(
     swap_in(halved, new)  # another dtype (or device) is copied in, in the served dtype
     for name, tensor in checkpoint_tensors(halved).items():
         assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, new[name].to(torch.bfloat16))
+
+
+def test_a_served_checkpoint_in_a_dtype_this_server_cannot_stage_offers_no_refresh(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    header_file(
+        served, json.dumps({"w": {"dtype": "F4", "shape": [2, 16], "data_offsets": [0, 16]}}).encode()
+    )
+    with pytest.raises(InvalidInput) as refused:
+        file_layout(str(served), "vllm")
+    assert refused.value.error == "refresh_not_offered"
+    assert (
+        refused.value.detail
+        == f"the vllm engine cannot refresh {served}/model.safetensors: tensor 'w' has no dtype this server reads: 'F4'"
+    )

@@ -92,8 +92,9 @@ def read_header(path: Path, label: str) -> dict[str, Entry]:
 
 def entry(name: str, spec, base: int, size: int, label: str) -> Entry:
     """One header entry, once its dtype is known and its bytes are exactly its shape's, inside the file."""
-    if not isinstance(spec, dict) or spec.get("dtype") not in SAFETENSORS_DTYPES:
-        raise corrupt(label, f"tensor {name!r} has no dtype safetensors knows")
+    kind = spec.get("dtype") if isinstance(spec, dict) else None
+    if not isinstance(kind, str) or kind not in SAFETENSORS_DTYPES:
+        raise corrupt(label, f"tensor {name!r} has no dtype this server reads: {str(kind)[:20]!r}")
     shape, offsets = spec.get("shape"), spec.get("data_offsets")
     ints = (
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in [*(shape or []), *(offsets or [])]

@@ -48,8 +48,12 @@ def file_layout(folder: str, engine: str) -> dict[str, torch.Tensor]:
             "refresh_not_offered",
             f"the {engine} engine refreshes a model it loaded from a local folder of safetensors, not {folder}",
         )
+    try:
+        headers = [read_header(path, str(path)) for path in files]
+    except InvalidInput as exc:  # the served files, not a source: a dtype this server cannot stage, say
+        raise InvalidInput("refresh_not_offered", f"the {engine} engine cannot refresh {exc.detail}") from None
     return {
         name: torch.empty(entry.shape, dtype=entry.dtype, device="meta")
-        for path in files
-        for name, entry in read_header(path, str(path)).items()
+        for header in headers
+        for name, entry in header.items()
     }
