@@ -51,7 +51,9 @@ def file_layout(folder: str, engine: str) -> dict[str, torch.Tensor]:
     try:
         headers = [read_header(path, str(path)) for path in files]
     except InvalidInput as exc:  # the served files, not a source: a dtype this server cannot stage, say
-        raise InvalidInput("refresh_not_offered", f"the {engine} engine cannot refresh {exc.detail}") from None
+        raise InvalidInput(
+            "refresh_not_offered", f"the {engine} engine cannot refresh {exc.detail}"
+        ) from None
     return {
         name: torch.empty(entry.shape, dtype=entry.dtype, device="meta")
         for header in headers
