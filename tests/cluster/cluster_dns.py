@@ -12,6 +12,7 @@ It listens on loopback for the test's own client and on the pod bridge's gateway
 from __future__ import annotations
 
 import contextlib
+import errno
 import threading
 import time
 
@@ -116,11 +117,8 @@ def cluster_dns(kubeconfig: str, pod_listen: str, loopback_port: int = 0):
     resolver = EndpointSliceDNS(kubeconfig)
     resolver.refresh()
     quiet = DNSLogger(log="-request,-reply,-truncated,-error,-recv,-send,-data")
-    local_udp = DNSServer(resolver, address="127.0.0.1", port=loopback_port, logger=quiet)
-    port = local_udp.server.server_address[1]
     servers = [
-        local_udp,
-        DNSServer(resolver, address="127.0.0.1", port=port, tcp=True, logger=quiet),
+        *loopback_pair(resolver, quiet, loopback_port),
         DNSServer(resolver, address=pod_listen, port=53, logger=quiet),
         DNSServer(resolver, address=pod_listen, port=53, tcp=True, logger=quiet),
     ]
@@ -129,13 +127,29 @@ def cluster_dns(kubeconfig: str, pod_listen: str, loopback_port: int = 0):
     poller = threading.Thread(target=resolver.poll, name="cluster-dns-poll", daemon=True)
     poller.start()
     try:
-        yield resolver, f"127.0.0.1:{port}"
+        yield resolver, f"127.0.0.1:{servers[0].server.server_address[1]}"
     finally:
         resolver.stop.set()
         poller.join(5)
         for server in servers:
             server.stop()
             server.server.server_close()
+
+
+def loopback_pair(resolver, quiet, port: int, tries: int = 20) -> list:
+    """A UDP and a TCP DNSServer on one port of 127.0.0.1 (``port``, or any free one). A port free for UDP
+    can be some other process's ephemeral TCP port (a cluster's components open connections all the time):
+    then another port is tried."""
+    for _ in range(tries):
+        udp = DNSServer(resolver, address="127.0.0.1", port=port, logger=quiet)
+        try:
+            tcp_port = udp.server.server_address[1]
+            return [udp, DNSServer(resolver, address="127.0.0.1", port=tcp_port, tcp=True, logger=quiet)]
+        except OSError as exc:
+            udp.server.server_close()
+            if exc.errno != errno.EADDRINUSE or port:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no port of 127.0.0.1 free for both UDP and TCP in {tries} tries")
 
 
 def wait_for_answer(nameserver: str, name: str, kind: str, count: int, timeout: float = 60) -> list:
