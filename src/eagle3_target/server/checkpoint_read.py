@@ -4,8 +4,8 @@ Read, not mapped as safetensors' own loader maps it: a mapped file rewritten in 
 checkpoint into the same folder) would change weights already checked, and one truncated or lost (a network
 volume) would kill the process with SIGBUS. Read with ``preadv`` into fresh memory, a short read or an I/O error
 is a refusal like any other. Each tensor comes in chunks of 1 MiB, each checked while it is still in the CPU's
-cache, so the check adds almost no memory traffic; a few threads read pieces of a file at once. The tensors of a file land in one arena of memory advised for
-transparent huge pages (``Arena``).
+cache, so the check adds almost no memory traffic; a few threads read pieces of a file at once. The tensors
+of a file land in one arena of memory advised for transparent huge pages (``Arena``).
 """
 
 from __future__ import annotations
