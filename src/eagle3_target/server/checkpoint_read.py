@@ -116,7 +116,7 @@ def read_file(
     """The tensors of ``path`` this process holds (all, or those of ``parts``, each only its block) by name,
     read and checked into one arena of the file's, by up to READERS threads a piece at a time: one thread
     reading a page-cache-warm checkpoint spends as long faulting in fresh memory as copying into it. The
-    first refusal in file order is raised once the pieces already running end; the others never start."""
+    first refusal in file order is raised once the pieces already running end; the later ones never start."""
     wanted = [
         (name, entry, None if parts is None else parts[name])
         for name, entry in sorted(header.items(), key=lambda item: item[1].start)
@@ -126,18 +126,37 @@ def read_file(
     arena = Arena(Arena.size(shapes.values()))
     held = {name: arena.take(*shape) for name, shape in shapes.items()}
     with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(READERS, "refresh-read") as pool:
+        run = Pieces()
         jobs = [
-            pool.submit(piece)
-            for name, entry, block in wanted
-            for piece in pieces(fh.fileno(), entry, block, f"{source}: {name}", held[name])
+            pool.submit(run, index, piece)
+            for index, piece in enumerate(
+                piece
+                for name, entry, block in wanted
+                for piece in pieces(fh.fileno(), entry, block, f"{source}: {name}", held[name])
+            )
         ]
-        try:
-            for job in jobs:
-                job.result()
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
-            raise
+        for job in jobs:
+            job.result()
     return held
+
+
+class Pieces:
+    """Runs a file's pieces, numbered in file order, so that none after the earliest refusal starts. The
+    reader that fails decides, not the thread waiting on the results: a reader left to take the next piece
+    before that thread wakes would read on. A piece before the refusal still runs, so the refusal raised
+    is the first in file order."""
+
+    def __init__(self):
+        self.refused_at = math.inf
+
+    def __call__(self, index: int, piece: Callable[[], object]) -> None:
+        if index > self.refused_at:
+            return
+        try:
+            piece()
+        except BaseException:
+            self.refused_at = min(self.refused_at, index)  # two at once may keep the later: still a refusal
+            raise
 
 
 def held_shape(entry: Entry, block: Block) -> tuple[int, ...]:
