@@ -332,6 +332,28 @@ def init_nccl(url: str, session: str, body: dict) -> tuple[int, bytes]:
         return 0, b""
 
 
+def nemo_rendezvous_pending(url: str, port: int) -> None:
+    """A NeMo-style /init_nccl on a named port of the default range, after ours, left open: NeMo's order
+    keeps it open until a rendezvous that never comes. A port some other process holds (other servers' ranges
+    on a busy machine) is answered "failed" at once, so the next one is tried."""
+    replies: list[tuple[int, bytes]] = []
+    for nccl_port in range(port + 101, port + 111):
+        named = {"backend": "gloo", "nccl_port": nccl_port}
+        nemo = threading.Thread(
+            target=lambda body: replies.append(init_nccl(url, "nemo", body)), args=(named,), daemon=True
+        )
+        nemo.start()
+        deadline = time.monotonic() + 60
+        while b"eagle3_target_p2p_ports_held 2.0" not in http("GET", f"{url}/metrics")[1]:
+            if not nemo.is_alive():
+                break  # answered at once: that port was taken
+            assert time.monotonic() < deadline, "the second rendezvous never became pending"
+            time.sleep(0.2)
+        else:
+            return
+    raise AssertionError(f"no rendezvous became pending on ten ports: {replies[-1]}")
+
+
 def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
     """Nobody joins either group: a pending rendezvous is abandoned, never waited for.
 
@@ -351,14 +373,7 @@ def test_sigterm_with_rendezvous_pending_exits_long_before_the_drain_timeout():
     try:
         status, body = init_nccl(url, "ours", {"backend": "gloo", "auth": contract.P2P_AUTH})
         assert status == 200 and json.loads(body)["status"] == "ok", body
-        # NeMo's order: its /init_nccl stays open until a rendezvous that never comes.
-        named = {"backend": "gloo", "nccl_port": port + 101}  # in the default range, after ours
-        nemo = threading.Thread(target=init_nccl, args=(url, "nemo", named), daemon=True)
-        nemo.start()
-        deadline = time.monotonic() + 60
-        while b"eagle3_target_p2p_ports_held 2.0" not in http("GET", f"{url}/metrics")[1]:
-            assert time.monotonic() < deadline, "the second rendezvous never became pending"
-            time.sleep(0.2)
+        nemo_rendezvous_pending(url, port)
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(timeout=15)
